@@ -1,0 +1,50 @@
+"""hf_metasd: multi-drafter speculative decoding (MetaSD) for Hugging Face transformers.
+
+Importing the package changes nothing in transformers; call `hf_metasd.enable()` to let `generate` take
+`assistant_models=[...]`, or pass `custom_generate=hf_metasd.generate`.
+"""
+
+__version__ = "0.1.0.dev0"
+
+from .candidate_generator import MetaCandidateGenerator
+from .drafters import Drafter, ModelDrafter, as_drafters
+from .errors import (
+    DrafterCompatibilityError,
+    InvalidPoolError,
+    MetaSDConfigError,
+    PolicyArmError,
+    UnknownPolicyError,
+    UnknownRewardError,
+)
+from .generation import MetaSDGenerateOutput, disable, enable, generate, is_enabled
+from .policies import POLICY_REGISTRY, Policy, get_policy, register_policy
+from .rewards import REWARDS, RoundFeedback, block_divergence, block_efficiency
+from .stats import MetaSDStats
+
+__all__ = [
+    "POLICY_REGISTRY",
+    "REWARDS",
+    "Drafter",
+    "DrafterCompatibilityError",
+    "InvalidPoolError",
+    "MetaCandidateGenerator",
+    "MetaSDConfigError",
+    "MetaSDGenerateOutput",
+    "MetaSDStats",
+    "ModelDrafter",
+    "PolicyArmError",
+    "Policy",
+    "RoundFeedback",
+    "UnknownPolicyError",
+    "UnknownRewardError",
+    "__version__",
+    "as_drafters",
+    "block_divergence",
+    "block_efficiency",
+    "disable",
+    "enable",
+    "generate",
+    "get_policy",
+    "is_enabled",
+    "register_policy",
+]

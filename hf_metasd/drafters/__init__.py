@@ -1,0 +1,78 @@
+"""Drafter kinds: one module per kind, one `Drafter` protocol, one registry of kinds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import MetaSDConfigError
+from .base import Drafter, target_vocab_size
+from .model import ModelDrafter
+
+__all__ = ["DRAFTER_KINDS", "Drafter", "ModelDrafter", "as_drafters", "register_drafter_kind", "target_vocab_size"]
+
+#: kind name -> Drafter subclass (used by pool configs). Each kind module registers itself.
+DRAFTER_KINDS: dict[str, type[Drafter]] = {}
+
+
+def register_drafter_kind(cls: type[Drafter]) -> type[Drafter]:
+    """Register a `Drafter` subclass under its `kind` (a class decorator)."""
+    if not cls.kind:
+        raise ValueError(f"`{cls.__name__}.kind` must be a non-empty string, but is {cls.kind!r}. Set `kind`.")
+    DRAFTER_KINDS[cls.kind] = cls
+    return cls
+
+
+register_drafter_kind(ModelDrafter)
+
+
+def _is_peft_model(obj: Any) -> bool:
+    return type(obj).__module__.startswith("peft.") and hasattr(obj, "peft_config")
+
+
+def as_drafters(assistant_models: Any, target: Any = None) -> list[Drafter]:
+    """Normalise `assistant_models` into a list of drafters (one per arm).
+
+    Accepts a sequence mixing `Drafter` objects, transformers causal LMs (wrapped in `ModelDrafter`) and peft models
+    with several adapters (one arm per adapter).
+    """
+    if (
+        isinstance(assistant_models, Drafter)
+        or hasattr(assistant_models, "config")
+        or _is_peft_model(assistant_models)
+    ):
+        assistant_models = [assistant_models]
+    if not isinstance(assistant_models, Sequence) or isinstance(assistant_models, (str, bytes)):
+        raise TypeError(
+            f"`assistant_models` must be a list of drafters or models, but is {type(assistant_models).__name__}. "
+            "Pass e.g. `assistant_models=[drafter_a, drafter_b]`."
+        )
+    drafters: list[Drafter] = []
+    for i, item in enumerate(assistant_models):
+        if isinstance(item, Drafter):
+            drafters.append(item)
+        elif _is_peft_model(item):
+            from .lora import LoraDrafter
+
+            drafters.extend(LoraDrafter.from_peft_model(item))
+        elif hasattr(item, "config") and hasattr(item, "forward"):
+            drafters.append(ModelDrafter(item))
+        else:
+            raise TypeError(
+                f"`assistant_models[{i}]` must be a `Drafter`, a transformers causal LM or a peft model, but is "
+                f"{type(item).__name__}. Wrap custom drafters in a `hf_metasd.drafters.Drafter` subclass."
+            )
+    if not drafters:
+        raise MetaSDConfigError(
+            "`assistant_models` must hold at least one drafter, but is empty. "
+            "Pass e.g. `assistant_models=[drafter]`, or drop it for plain `generate`."
+        )
+    names = [d.name for d in drafters]
+    if len(set(names)) != len(names):  # keep telemetry readable: make names unique
+        seen: dict[str, int] = {}
+        for d in drafters:
+            k = seen.get(d.name, 0)
+            seen[d.name] = k + 1
+            if names.count(d.name) > 1:
+                d.name = f"{d.name}#{k}"
+    return drafters

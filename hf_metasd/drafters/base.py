@@ -1,0 +1,99 @@
+"""The `Drafter` protocol: one arm of the pool.
+
+A round with drafter *d* is::
+
+    d.catch_up(input_ids)                     # ingest the tokens d has not seen (its own KV cache)
+    tokens, logits = d.draft(input_ids, N, logits_processor=..., do_sample=...)
+
+`catch_up` and `draft` are separate so that their costs are measured separately: catching up after other drafters
+ran is the price of switching.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import torch
+
+from ..errors import DrafterCompatibilityError
+
+__all__ = ["Drafter", "target_vocab_size"]
+
+
+def target_vocab_size(model: Any) -> int:
+    """The logits width of a causal LM (its text config's `vocab_size`)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return int(config.vocab_size)
+
+
+class Drafter(ABC):
+    """One drafter. Subclasses set `kind` and implement `catch_up`, `draft` and `reset`.
+
+    Attributes:
+        name: label used in telemetry, plots and pool configs.
+        last_catch_up_tokens: tokens ingested by the last `catch_up` (0 for model-free drafters).
+    """
+
+    #: Registry key of the drafter kind (`"assistant_model"`, `"prompt_lookup"`, ...).
+    kind: ClassVar[str] = ""
+    #: Whether `draft` returns logits (``False``: deterministic drafter, BD treats it as one-hot).
+    returns_logits: ClassVar[bool] = True
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name or self.kind
+        self.last_catch_up_tokens = 0
+
+    @property
+    def vocab_size(self) -> int | None:
+        """Logits width, or ``None`` for a drafter that works on any vocabulary (model-free)."""
+        return None
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def check_compatible(self, target: Any) -> None:
+        """Raise `DrafterCompatibilityError` if this drafter cannot draft for `target` (called before any compute)."""
+        mine, theirs = self.vocab_size, target_vocab_size(target)
+        if mine is not None and mine != theirs:
+            raise DrafterCompatibilityError(
+                f"drafter {self.name!r} must have the target's vocabulary size {theirs}, but has {mine}. "
+                "Use a drafter that shares the target's tokenizer (same vocabulary), or a model-free drafter."
+            )
+
+    def reset(self) -> None:
+        """Forget per-sequence state (KV caches). Called at the start and end of every `generate`."""
+
+    def catch_up(self, input_ids: torch.LongTensor, *, return_logits: bool = False) -> torch.Tensor | None:
+        """Ingest the tokens of `input_ids` (shape ``(1, L)``) that this drafter has not seen yet.
+
+        With `return_logits`, return the drafter's raw logits ``(1, m, V)`` at the ``m`` ingested positions (used for
+        full-information feedback); otherwise ``None``.
+        """
+        self.last_catch_up_tokens = 0
+        return None
+
+    @abstractmethod
+    def draft(
+        self,
+        input_ids: torch.LongTensor,
+        num_tokens: int,
+        *,
+        logits_processor: Any = None,
+        do_sample: bool = False,
+    ) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
+        """Propose up to `num_tokens` tokens after `input_ids` ``(1, L)``.
+
+        Returns:
+            ``tokens`` ``(1, n)`` with ``0 <= n <= num_tokens`` and ``logits`` ``(1, n, V)``: the *processed* logits the
+            tokens were chosen from (with `do_sample`, each token must be sampled from their softmax so that
+            speculative sampling stays lossless), or ``None`` for a deterministic drafter.
+        """
+
+    def config(self) -> dict[str, Any]:
+        """Kind parameters saved in a pool's `config.json`."""
+        return {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"

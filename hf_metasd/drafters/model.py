@@ -1,0 +1,180 @@
+"""Assistant-model drafter: any causal LM that shares the target's vocabulary, with its own KV cache."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from ..errors import DrafterCompatibilityError
+from .base import Drafter, target_vocab_size
+
+__all__ = ["ModelDrafter"]
+
+
+def _common_prefix_length(cached: torch.Tensor, input_ids: torch.Tensor) -> int:
+    """Length of the shared prefix of two ``(1, *)`` id tensors."""
+    n = min(cached.shape[1], input_ids.shape[1])
+    if n == 0:
+        return 0
+    differs = (cached[0, :n] != input_ids[0, :n].to(cached.device)).nonzero()
+    return int(differs[0, 0]) if differs.numel() else n
+
+
+class ModelDrafter(Drafter):
+    """Drafts with a small causal LM (the paper's black-box drafter).
+
+    The drafter keeps a `DynamicCache` across rounds. `catch_up` crops the cache to the prefix it shares with the
+    current sequence (drafted tokens the target rejected are dropped) and ingests the missing tokens in **one**
+    forward pass, however many rounds other drafters ran in between; `draft` then runs `num_tokens` single-token steps.
+
+    Args:
+        model: a `PreTrainedModel` causal LM whose vocabulary is the target's.
+        name: label (default: the model's `name_or_path`).
+        head_token_ids: optional ``(K,)`` token ids. The LM head is evaluated only on these rows and the other logits
+            are ``-inf`` (the drafter can only propose these tokens). This cuts a small drafter's dominant cost, its
+            vocabulary projection, and leaves verification exact. Needs `model.get_output_embeddings()`.
+
+    Example:
+        >>> import torch
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        ...                   num_attention_heads=2, num_key_value_heads=1)
+        >>> _ = torch.manual_seed(0)
+        >>> drafter = ModelDrafter(LlamaForCausalLM(cfg), name="tiny")
+        >>> _ = drafter.catch_up(torch.tensor([[1, 2, 3]]))
+        >>> tokens, logits = drafter.draft(torch.tensor([[1, 2, 3]]), 4)
+        >>> tokens.shape, logits.shape
+        (torch.Size([1, 4]), torch.Size([1, 4, 64]))
+    """
+
+    kind = "assistant_model"
+
+    def __init__(
+        self, model: PreTrainedModel, *, name: str | None = None, head_token_ids: torch.Tensor | None = None
+    ) -> None:
+        if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+            raise TypeError(
+                f"`model` must be a transformers causal LM, but is {type(model).__name__}. "
+                "Pass e.g. `AutoModelForCausalLM.from_pretrained(...)`."
+            )
+        if getattr(model.config, "is_encoder_decoder", False):
+            raise DrafterCompatibilityError(
+                f"drafter {name or model.name_or_path!r} must be a decoder-only causal LM, but is encoder-decoder "
+                f"({type(model).__name__}). Use a decoder-only drafter."
+            )
+        super().__init__(name or getattr(model, "name_or_path", None) or type(model).__name__)
+        self.model = model.eval()
+        self._vocab_size = target_vocab_size(model)
+        self.head_token_ids: torch.Tensor | None = None
+        if head_token_ids is not None:
+            self.set_head_token_ids(head_token_ids)
+        self.reset()
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def config(self) -> dict[str, Any]:
+        return {"num_head_tokens": None if self.head_token_ids is None else int(self.head_token_ids.numel())}
+
+    def set_head_token_ids(self, head_token_ids: torch.Tensor | list[int]) -> None:
+        """Restrict the LM head to `head_token_ids` (see the class docstring)."""
+        ids = torch.as_tensor(head_token_ids, dtype=torch.long).flatten().unique()
+        if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= self._vocab_size:
+            raise ValueError(
+                f"`head_token_ids` must be non-empty ids in [0, {self._vocab_size}), but has {ids.numel()} ids in "
+                f"[{int(ids.min()) if ids.numel() else '-'}, {int(ids.max()) if ids.numel() else '-'}]. "
+                "Pass the token ids the drafter may propose."
+            )
+        head = self.model.get_output_embeddings()
+        if head is None:
+            raise DrafterCompatibilityError(
+                f"drafter {self.name!r} must expose `get_output_embeddings()` to restrict its head, but returns None. "
+                "Drop `head_token_ids`."
+            )
+        self.head_token_ids = ids.to(self.model.device)
+        self._head_weight = head.weight.detach()[self.head_token_ids]
+        self._head_bias = None if getattr(head, "bias", None) is None else head.bias.detach()[self.head_token_ids]
+
+    # ------------------------------------------------------------------ state
+    def reset(self) -> None:
+        self._cache: DynamicCache | None = None
+        self._ids = torch.empty(1, 0, dtype=torch.long, device=self.model.device)
+        self._next_logits: torch.Tensor | None = None
+        self.last_catch_up_tokens = 0
+
+    def _new_cache(self) -> DynamicCache:
+        cache = DynamicCache(config=self.model.config)
+        if hasattr(cache, "activate_past_recording"):
+            cache.activate_past_recording()  # sliding-window layers must be croppable
+        return cache
+
+    # ------------------------------------------------------------------ forward
+    def _forward(self, ids: torch.Tensor, num_logits: int) -> torch.Tensor:
+        """Run `ids` through the model on the cache; return float32 logits ``(1, num_logits, V)``."""
+        if self.head_token_ids is None:
+            out = self.model(input_ids=ids, cache=self._cache, use_cache=True, logits_to_keep=num_logits)
+            return out.logits.float()
+        out = self.model.base_model(input_ids=ids, cache=self._cache, use_cache=True)
+        hidden = out.last_hidden_state[:, -num_logits:]
+        sub = torch.nn.functional.linear(hidden, self._head_weight, self._head_bias).float()
+        logits = sub.new_full((*sub.shape[:-1], self._vocab_size), float("-inf"))
+        logits[..., self.head_token_ids] = sub
+        return logits
+
+    @torch.no_grad()
+    def catch_up(self, input_ids: torch.LongTensor, *, return_logits: bool = False) -> torch.Tensor | None:
+        input_ids = input_ids.to(self.model.device)
+        if self._cache is None:
+            self._cache = self._new_cache()
+            self._ids = input_ids[:, :0]
+        cached = self._ids.shape[1]
+        keep = min(_common_prefix_length(self._ids, input_ids), input_ids.shape[1] - 1)
+        if keep < cached:
+            self._cache.crop(keep - cached)
+        new = input_ids[:, keep:]
+        logits = self._forward(new, new.shape[1] if return_logits else 1)
+        self._next_logits = logits[:, -1]
+        self._ids = input_ids
+        self.last_catch_up_tokens = new.shape[1]
+        return logits if return_logits else None
+
+    @torch.no_grad()
+    def draft(
+        self,
+        input_ids: torch.LongTensor,
+        num_tokens: int,
+        *,
+        logits_processor: Any = None,
+        do_sample: bool = False,
+    ) -> tuple[torch.LongTensor, torch.FloatTensor]:
+        if self._next_logits is None or self._ids.shape[1] != input_ids.shape[1]:
+            self.catch_up(input_ids)
+        ids = input_ids.to(self.model.device)
+        logits = self._next_logits
+        tokens, scores = [], []
+        for step in range(num_tokens):
+            if logits_processor is not None and len(logits_processor) > 0:
+                logits = logits_processor(ids, logits.clone())
+            if do_sample:
+                token = torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1)
+            else:
+                token = logits.argmax(dim=-1, keepdim=True)
+            tokens.append(token)
+            scores.append(logits)
+            ids = torch.cat([ids, token], dim=-1)
+            if step < num_tokens - 1:
+                logits = self._forward(token, 1)[:, -1]
+        # the cache now covers everything but the last drafted token
+        self._ids = ids[:, :-1]
+        self._next_logits = None
+        if not tokens:
+            return ids[:, :0], None
+        return torch.cat(tokens, dim=-1), torch.stack(scores, dim=1)

@@ -1,0 +1,47 @@
+"""Exceptions raised by hf_metasd.
+
+Every exception refines a built-in (``ValueError``, ``TypeError``, ``IndexError``), as huggingface_hub's errors do, so
+code that already catches the built-in keeps working. Messages follow transformers' shape: "`arg` must X, but is V.
+Do Y."
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DrafterCompatibilityError",
+    "InvalidPoolError",
+    "MetaSDConfigError",
+    "PolicyArmError",
+    "UnknownPolicyError",
+    "UnknownRewardError",
+]
+
+
+class MetaSDConfigError(ValueError):
+    """A `generate` argument that MetaSD cannot serve (empty pool, batch size, draft length, ...)."""
+
+
+class UnknownPolicyError(MetaSDConfigError, KeyError):
+    """`meta_policy` names no registered policy."""
+
+    def __str__(self) -> str:  # KeyError would otherwise quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownRewardError(MetaSDConfigError, KeyError):
+    """`meta_reward` names no known reward."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class DrafterCompatibilityError(MetaSDConfigError):
+    """A drafter cannot draft for this target (vocabulary size, tokenizer, device, architecture)."""
+
+
+class PolicyArmError(IndexError):
+    """A policy selected an arm that is not in the pool."""
+
+
+class InvalidPoolError(ValueError):
+    """A drafter pool (or its `config.json`) is invalid: it is never saved, pushed or loaded."""

@@ -1,0 +1,64 @@
+"""MetaSD-UCB: upper confidence bound over drafters (Kim et al., MetaSD)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .base import Policy
+from .registry import register_policy
+
+__all__ = ["UCB"]
+
+
+@register_policy
+class UCB(Policy):
+    r"""MetaSD-UCB.
+
+    Pull every drafter once (in pool order), then at each round pick
+
+    .. math:: i_t = \arg\max_i \; \bar r_i + \beta \sqrt{2 \ln t / n_i}
+
+    where :math:`\bar r_i` is drafter *i*'s mean reward, :math:`n_i` its number of pulls and :math:`t = \sum_i n_i`
+    the number of rounds so far. Ties go to the lowest index.
+
+    Args:
+        beta: exploration weight :math:`\beta \ge 0`. Larger explores more; ``0`` is greedy on the means.
+        seed: unused (UCB is deterministic); accepted for a uniform interface.
+
+    Example:
+        >>> from hf_metasd.policies import UCB
+        >>> policy = UCB(beta=1.0)
+        >>> policy.reset(num_arms=2)
+        >>> for _ in range(2):                            # each arm once
+        ...     arm = policy.select(); policy.update(arm, [0.9, 0.1][arm])
+        >>> policy.select()                               # 0.9 + sqrt(2 ln 2) > 0.1 + sqrt(2 ln 2)
+        0
+    """
+
+    name = "ucb"
+
+    def __init__(self, beta: float = 1.0, *, seed: int | None = None) -> None:
+        super().__init__(seed=seed)
+        if not isinstance(beta, (int, float)) or isinstance(beta, bool) or not math.isfinite(beta) or beta < 0:
+            raise ValueError(f"`beta` must be a finite float >= 0, but is {beta!r}. Use 1.0 (the paper's default).")
+        self.beta = float(beta)
+
+    def scores(self) -> list[float]:
+        """The UCB index of every arm (``inf`` for arms never pulled)."""
+        self._check_ready()
+        log_t = math.log(self.t) if self.t > 0 else 0.0
+        return [
+            mean + self.beta * math.sqrt(2.0 * log_t / n) if n else math.inf
+            for mean, n in zip(self.means(), self.counts)
+        ]
+
+    def select(self) -> int:
+        self._check_ready()
+        untried = self._first_untried()
+        if untried is not None:
+            return untried
+        return self._argmax(self.scores())
+
+    def config(self) -> dict[str, Any]:
+        return {"beta": self.beta, "seed": self.seed}
