@@ -1,0 +1,117 @@
+"""Sliding-window UCB: UCB on the last W rounds only, for drafters whose quality changes abruptly."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from ._validation import check_int, check_real
+from .base import Policy
+from .registry import register_policy
+
+__all__ = ["SlidingWindowUCB"]
+
+
+@register_policy
+class SlidingWindowUCB(Policy):
+    r"""Sliding-window UCB (SW-UCB, Garivier & Moulines, 2011), with MetaSD-UCB's bonus.
+
+    Only the last *W* rounds count. With :math:`N_i(W)` the number of those rounds drafted by drafter *i* and
+    :math:`S_i(W)` their summed reward, each round picks (after pulling every drafter once, in pool order)
+
+    .. math:: i_t = \arg\max_i \; \frac{S_i(W)}{N_i(W)} + \beta \sqrt{2 \ln \min(t, W) / N_i(W)}
+
+    where *t* is the number of rounds so far. A drafter absent from the window has index ``inf``, so each drafter
+    drafts at least once every *W* rounds: a drafter that improved is noticed within about *W* rounds. With
+    :math:`W \ge` the run length this is exactly `ucb`. Ties go to the lowest index.
+
+    Args:
+        window: :math:`W \ge 1`, rounds remembered. Smaller adapts faster to a change but re-explores more often and
+            has noisier means; larger is steadier.
+        beta: exploration weight :math:`\beta \ge 0`. Larger explores more; ``0`` is greedy on the window means.
+        seed: unused (deterministic); accepted for a uniform interface.
+
+    Example:
+        >>> from hf_metasd.policies import SlidingWindowUCB
+        >>> policy = SlidingWindowUCB(window=2, beta=0.0)
+        >>> policy.reset(num_arms=2)
+        >>> for arm, r in [(0, 0.9), (1, 0.5), (1, 0.4)]:
+        ...     policy.update(arm, r)
+        >>> policy.window_counts(), policy.select()   # drafter 0 fell out of the window: its index is inf
+        ([0, 2], 0)
+    """
+
+    name = "sliding_window_ucb"
+
+    def __init__(self, window: int = 200, beta: float = 1.0, *, seed: int | None = None) -> None:
+        super().__init__(seed=seed)
+        self.window = check_int("window", window, low=1, hint="Use 200 (rounds remembered).")
+        self.beta = check_real("beta", beta, low=0.0, hint="Use 1.0 (MetaSD-UCB's default).")
+        self.history: deque[tuple[int, float]] = deque(maxlen=self.window)
+        self._wcounts: list[int] = []
+        self._wsums: list[float] = []
+
+    def reset(self, num_arms: int) -> None:
+        super().reset(num_arms)
+        self.history = deque(maxlen=self.window)
+        self._recount()
+
+    def update(self, arm: int, reward: float) -> None:
+        super().update(arm, reward)
+        if len(self.history) == self.window:
+            old_arm, old_r = self.history[0]
+            self._wcounts[old_arm] -= 1
+            self._wsums[old_arm] -= old_r
+        self.history.append((arm, float(reward)))
+        self._wcounts[arm] += 1
+        self._wsums[arm] += float(reward)
+        if self._wcounts[arm] == 1:  # restart the running sum: no round-off carried over from evicted rounds
+            self._wsums[arm] = float(reward)
+
+    def _recount(self) -> None:
+        self._wcounts = [0] * (self.num_arms or 0)
+        self._wsums = [0.0] * (self.num_arms or 0)
+        for arm, r in self.history:
+            self._wcounts[arm] += 1
+            self._wsums[arm] += r
+
+    def window_counts(self) -> list[int]:
+        """:math:`N_i(W)` for every drafter."""
+        self._check_ready()
+        return list(self._wcounts)
+
+    def window_sums(self) -> list[float]:
+        """:math:`S_i(W)` for every drafter."""
+        self._check_ready()
+        return list(self._wsums)
+
+    def scores(self) -> list[float]:
+        """The SW-UCB index of every drafter (``inf`` for drafters absent from the window)."""
+        horizon = min(self.t, self.window)
+        log_h = math.log(horizon) if horizon > 1 else 0.0
+        return [
+            s / n + self.beta * math.sqrt(2.0 * log_h / n) if n else math.inf
+            for s, n in zip(self.window_sums(), self.window_counts())
+        ]
+
+    def select(self) -> int:
+        self._check_ready()
+        untried = self._first_untried()
+        if untried is not None:
+            return untried
+        return self._argmax(self.scores())
+
+    def config(self) -> dict[str, Any]:
+        return {"window": self.window, "beta": self.beta, "seed": self.seed}
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["history"] = [[arm, r] for arm, r in self.history]
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.history = deque(((int(a), float(r)) for a, r in state["history"]), maxlen=self.window)
+        self._recount()
