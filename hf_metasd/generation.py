@@ -79,11 +79,6 @@ def build_candidate_generator(
             f"the target must be able to roll back its cache, but {type(model).__name__} is stateful. "
             "Use a transformer target."
         )
-    if input_ids.shape[0] != 1:
-        raise MetaSDConfigError(
-            f"batch size must be 1 for MetaSD (batched drafting is not supported yet), but is {input_ids.shape[0]}. "
-            "Call `generate` once per prompt."
-        )
     if (generation_config.num_beams or 1) > 1:
         raise MetaSDConfigError(
             f"`num_beams` must be 1 for MetaSD, but is {generation_config.num_beams}. Use greedy or sampling."
@@ -92,6 +87,11 @@ def build_candidate_generator(
         raise MetaSDConfigError(
             f"`num_return_sequences` must be 1 for MetaSD, but is {generation_config.num_return_sequences}. "
             "Call `generate` several times instead."
+        )
+    if input_ids.shape[0] != 1:  # after the beam checks: transformers expands the batch by `num_beams`
+        raise MetaSDConfigError(
+            f"batch size must be 1 for MetaSD (batched drafting is not supported yet), but is {input_ids.shape[0]}. "
+            "Call `generate` once per prompt."
         )
     if getattr(generation_config, "assistant_ensemble_weight", None) is not None:
         raise MetaSDConfigError(
@@ -183,6 +183,10 @@ def generate(
         num_assistant_tokens=num_assistant_tokens,
         meta_full_information=meta_full_information,
     )
+    if streamer is None and metasd_streamer is not None:
+        # transformers put the prompt into `streamer` before decoding; it never saw this one, so do it here
+        streamer = metasd_streamer
+        streamer.put(input_ids.cpu())
     try:
         with _candidate_generator_seam(model, candidate_generator):
             output = GenerationMixin._assisted_decoding(
@@ -192,7 +196,7 @@ def generate(
                 stopping_criteria=stopping_criteria,
                 generation_config=generation_config,
                 synced_gpus=synced_gpus,
-                streamer=streamer if streamer is not None else metasd_streamer,
+                streamer=streamer,
                 **model_kwargs,
             )
     finally:

@@ -1,0 +1,178 @@
+"""MetaSD through `generate`: lossless greedy output, both entry points, telemetry, policy lifetime."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import VOCAB, greedy, metasd_greedy, prompts
+from transformers.generation.utils import GenerationMixin
+
+import hf_metasd
+from hf_metasd.policies import POLICY_REGISTRY, get_policy
+
+MAX_NEW = 12
+PROMPTS = prompts(20)
+
+
+@pytest.fixture(scope="module")
+def references(target):
+    return [greedy(target, p, MAX_NEW) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def pools(drafters, target_copy):
+    """Pools of 1, 2 and 3 drafters; the 2-drafter pool holds an exact copy of the target."""
+    d1, d2, d3 = drafters
+    return {1: [d1], 2: [d2, target_copy], 3: [d1, d2, d3]}
+
+
+def _policy_kwargs(name: str, pool_size: int) -> dict:
+    return {"arm": pool_size - 1} if name == "fixed" else {}
+
+
+@pytest.mark.parametrize("pool_size", [1, 2, 3])
+@pytest.mark.parametrize("policy", sorted(POLICY_REGISTRY))
+def test_greedy_is_lossless_for_every_policy(target, pools, references, policy, pool_size):
+    kwargs = _policy_kwargs(policy, pool_size)
+    for prompt, reference in zip(PROMPTS, references):
+        out = metasd_greedy(
+            target, prompt, MAX_NEW, assistant_models=pools[pool_size], meta_policy=policy, meta_policy_kwargs=kwargs
+        )
+        assert torch.equal(out, reference), f"{policy} with {pool_size} drafters changed the greedy output"
+
+
+@pytest.mark.parametrize("reward", ["bd", "be"])
+def test_greedy_is_lossless_with_both_rewards_and_a_long_output(target, pools, reward):
+    prompt = PROMPTS[0]
+    out = metasd_greedy(target, prompt, 60, assistant_models=pools[3], meta_reward=reward, num_assistant_tokens=3)
+    assert torch.equal(out, greedy(target, prompt, 60))
+
+
+def test_greedy_is_lossless_with_logits_processors(target, pools):
+    kwargs = {"repetition_penalty": 1.3, "no_repeat_ngram_size": 3}
+    for prompt in PROMPTS[:5]:
+        reference = greedy(target, prompt, MAX_NEW, **kwargs)
+        assert torch.equal(metasd_greedy(target, prompt, MAX_NEW, assistant_models=pools[2], **kwargs), reference)
+
+
+def test_enable_routes_assistant_models_and_disable_restores(target, pools, references):
+    original = GenerationMixin.generate
+    hf_metasd.enable()
+    hf_metasd.enable()  # idempotent
+    assert hf_metasd.is_enabled() and GenerationMixin.generate is not original
+    out = target.generate(PROMPTS[0], do_sample=False, max_new_tokens=MAX_NEW, assistant_models=pools[3])
+    assert torch.equal(out, references[0])
+    # without assistant_models the call is stock transformers
+    assert torch.equal(target.generate(PROMPTS[0], do_sample=False, max_new_tokens=MAX_NEW), references[0])
+    hf_metasd.disable()
+    assert GenerationMixin.generate is original and not hf_metasd.is_enabled()
+
+
+def test_import_alone_does_not_patch_transformers():
+    import subprocess
+    import sys
+
+    code = (
+        "from transformers.generation.utils import GenerationMixin as G; before = G.generate; "
+        "import hf_metasd; assert G.generate is before; hf_metasd.enable(); assert G.generate is not before; "
+        "hf_metasd.disable(); assert G.generate is before"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_streamer_receives_the_tokens_through_enable(target, pools, references):
+    class Collect:
+        def __init__(self):
+            self.chunks = []
+
+        def put(self, value):
+            self.chunks.append(value.reshape(-1))
+
+        def end(self):
+            self.ended = True
+
+    hf_metasd.enable()
+    streamer = Collect()
+    out = target.generate(
+        PROMPTS[1], do_sample=False, max_new_tokens=MAX_NEW, assistant_models=pools[2], streamer=streamer
+    )
+    assert torch.equal(torch.cat(streamer.chunks), out[0]) and streamer.ended
+
+
+def test_telemetry_adds_up(target, pools):
+    prompt = PROMPTS[2]
+    out = metasd_greedy(target, prompt, 30, assistant_models=pools[2], return_dict_in_generate=True)
+    stats = out.metasd
+    new_tokens = out.sequences.shape[1] - prompt.shape[1]
+    assert isinstance(out, hf_metasd.MetaSDGenerateOutput)
+    assert stats.rounds == len(stats.arms) == len(stats.drafted) == len(stats.accepted) == len(stats.rewards)
+    assert sum(stats.pulls) == stats.rounds and len(stats.pulls) == 2
+    assert sum(stats.accepted) + stats.rounds == new_tokens == stats.tokens
+    assert all(0 <= a <= d for a, d in zip(stats.accepted, stats.drafted))
+    assert all(r is None or 0.0 <= r <= 1.0 for r in stats.rewards)
+    # the target's exact copy (arm 1) has every drafted token accepted and BD reward 1
+    copy_rounds = [r for r, a in enumerate(stats.arms) if a == 1 and stats.drafted[r] > 0]
+    assert copy_rounds and all(stats.accepted[r] == stats.drafted[r] for r in copy_rounds)
+    assert all(stats.rewards[r] == pytest.approx(1.0, abs=1e-5) for r in copy_rounds)
+    for name in ("draft", "catch_up", "verify", "policy", "reward"):
+        assert getattr(stats, f"{name}_seconds") >= 0.0
+    assert stats.verify_seconds > 0 and stats.draft_seconds > 0
+    assert "rounds" in stats.summary() and stats.to_dict()["pulls"] == stats.pulls
+
+
+def test_ucb_learns_to_pick_the_target_copy(target, pools):
+    out = metasd_greedy(target, PROMPTS[3], 80, assistant_models=pools[2], return_dict_in_generate=True)
+    arms = out.metasd.arms
+    assert arms[:2] == [0, 1]  # each drafter once, in pool order
+    pulls = out.metasd.pulls
+    assert pulls[1] >= 2 * pulls[0], pulls  # the exact copy (reward 1) is pulled far more than a random drafter
+
+
+def test_draft_length_respects_the_length_budget(target, pools):
+    out = metasd_greedy(
+        target, PROMPTS[4], 7, assistant_models=pools[2], num_assistant_tokens=5, return_dict_in_generate=True
+    )
+    assert out.sequences.shape[1] - PROMPTS[4].shape[1] == 7
+    assert all(d <= 5 for d in out.metasd.drafted)
+
+
+def test_policy_by_name_starts_fresh_and_instance_keeps_learning(target, pools):
+    first = metasd_greedy(target, PROMPTS[5], 20, assistant_models=pools[3], return_dict_in_generate=True)
+    second = metasd_greedy(target, PROMPTS[5], 20, assistant_models=pools[3], return_dict_in_generate=True)
+    assert first.metasd.arms[:3] == second.metasd.arms[:3] == [0, 1, 2]
+
+    policy = get_policy("ucb")
+    a = metasd_greedy(target, PROMPTS[5], 20, assistant_models=pools[3], meta_policy=policy, return_dict_in_generate=True)
+    pulls_after_first = list(policy.counts)
+    # the policy learns from rounds that drafted (the last round may have no length budget left to draft)
+    assert sum(pulls_after_first) == sum(1 for d in a.metasd.drafted if d > 0)
+    b = metasd_greedy(target, PROMPTS[6], 20, assistant_models=pools[3], meta_policy=policy, return_dict_in_generate=True)
+    assert sum(policy.counts) == sum(pulls_after_first) + sum(1 for d in b.metasd.drafted if d > 0)
+    assert b.metasd.arms[:3] != [0, 1, 2] or pulls_after_first == [0, 0, 0]
+
+
+def test_mixed_drafter_objects_and_models(target, drafters, target_copy, references):
+    pool = [hf_metasd.ModelDrafter(target_copy, name="copy"), drafters[0]]
+    out = metasd_greedy(target, PROMPTS[0], MAX_NEW, assistant_models=pool, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, references[0])
+    assert out.metasd.drafter_names[0] == "copy"
+
+
+def test_restricted_head_drafter_is_lossless(target, target_copy, references):
+    head = torch.arange(0, VOCAB, 2)  # the drafter may propose even ids only
+    drafter = hf_metasd.ModelDrafter(target_copy, name="even", head_token_ids=head)
+    for prompt, reference in zip(PROMPTS[:5], references[:5]):
+        out = metasd_greedy(target, prompt, MAX_NEW, assistant_models=[drafter], return_dict_in_generate=True)
+        assert torch.equal(out.sequences, reference)
+    tokens, logits = drafter.draft(PROMPTS[0], 3)
+    assert (tokens % 2 == 0).all() and torch.isinf(logits[..., 1::2]).all()
+
+
+def test_full_information_scores_every_drafter(target, pools, references):
+    out = metasd_greedy(
+        target, PROMPTS[0], MAX_NEW, assistant_models=pools[3], meta_full_information=True, return_dict_in_generate=True
+    )
+    assert torch.equal(out.sequences, references[0])
+    cf = out.metasd.counterfactual_rewards
+    assert len(cf) == sum(1 for d in out.metasd.drafted if d > 0)
+    assert all(len(r) == 3 and all(0.0 <= v <= 1.0 for v in r.values()) for r in cf[1:])
