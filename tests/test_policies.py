@@ -409,11 +409,11 @@ def test_sliding_window_ucb_with_a_long_window_is_ucb():
 
 
 def test_non_stationary_validation():
-    with pytest.raises(ValueError, match=r"`gamma` must be a float in \(0, 1\], but is 0\.0\. Use 0\.99"):
+    with pytest.raises(ValueError, match=r"`gamma` must be a float in \(0, 1\], but is 0\.0\. Use 0\.998"):
         DiscountedUCB(gamma=0.0)
-    with pytest.raises(ValueError, match=r"`beta` must be a float in \[0, inf\), but is -1\. Use 1\.0"):
+    with pytest.raises(ValueError, match=r"`beta` must be a float in \[0, inf\), but is -1\. Use 0\.25"):
         DiscountedUCB(beta=-1)
-    with pytest.raises(ValueError, match=r"`window` must be an int >= 1, but is 0\. Use 200"):
+    with pytest.raises(ValueError, match=r"`window` must be an int >= 1, but is 0\. Use 500"):
         SlidingWindowUCB(window=0)
 
 
