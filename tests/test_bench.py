@@ -1,0 +1,64 @@
+"""The benchmark machinery on tiny models: every method runs, outputs are checked, the report is written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import prompts as random_prompts
+
+from hf_metasd.bench import build_methods, run_bench, summarize, write_report
+from hf_metasd.drafters import ModelDrafter
+from hf_metasd.prompts import BenchPrompt
+
+pytest.importorskip("matplotlib")
+
+
+@pytest.fixture(scope="module")
+def bench_setup(target, drafters, target_copy):
+    pool = [ModelDrafter(target_copy, name="qa"), ModelDrafter(drafters[0], name="rag")]
+    ids = random_prompts(4, seed=7)
+    prompts = [BenchPrompt(task, f"{task}/{i}", str(i)) for i, task in enumerate(["qa", "rag", "qa", "rag"])]
+    encode = lambda tokenizer, text: ids[int(text)]  # noqa: E731
+    return pool, prompts, encode
+
+
+def test_methods_cover_the_baselines(bench_setup):
+    pool, _, _ = bench_setup
+    names = [m.name for m in build_methods(pool, stream_policy=True)]
+    assert names[0] == "autoregressive"
+    assert {"hf-assisted[qa]", "hf-assisted[rag]", "fixed[qa]", "fixed[rag]", "ucb-bd", "ucb-be"} <= set(names)
+    assert {"exp3", "successive_halving", "thompson", "random", "ucb-bd (stream)"} <= set(names)
+    assert "oracle" in [m.name for m in build_methods(pool, fixed_baselines=False)]
+
+
+def test_run_and_report(bench_setup, target, tmp_path):
+    pool, prompts, encode = bench_setup
+    methods = build_methods(pool, num_assistant_tokens=3)
+    records = run_bench(target, None, prompts, methods, max_new_tokens=10, progress=False, encode=encode)
+    assert len(records) == len(prompts) * len(methods)
+    assert all(r.identical for r in records), [(r.method, r.prompt_id) for r in records if not r.identical]
+    assert all(r.new_tokens == 10 for r in records)
+    auto = [r for r in records if r.method == "autoregressive"]
+    assert all(r.target_forwards == 10 for r in auto)  # one forward per token
+    summary = summarize(records, [d.name for d in pool])
+    # the oracle is fixed[<task>]: for qa prompts the exact copy accepts everything
+    oracle_qa = summary["oracle"]["qa"]
+    assert oracle_qa["mean_accepted_tokens"] > 2.0 and oracle_qa["best_arm_ratio"] == 1.0
+    assert summary["autoregressive"]["overall"]["mean_accepted_tokens"] == 1.0
+    assert summary["autoregressive"]["overall"]["speedup"] == pytest.approx(1.0)
+    report = write_report(records, [d.name for d in pool], tmp_path, meta={"test": True})
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["meta"]["test"] is True and "commit" in saved["meta"]["machine"]
+    assert "| ucb-bd |" in (tmp_path / "results.md").read_text()
+    assert set(report["plots"]) == {"speedup.png", "arms.png"}
+    assert (tmp_path / "speedup.png").stat().st_size > 1000
+
+
+def test_oracle_needs_task_named_drafters(bench_setup, target):
+    pool, _, encode = bench_setup
+    methods = [m for m in build_methods(pool, fixed_baselines=False) if m.name == "oracle"]
+    with pytest.raises(ValueError, match=r"the oracle needs a drafter named 'code', but the pool has \['qa', 'rag'\]"):
+        run_bench(
+            target, None, [BenchPrompt("code", "c", "0")], methods, max_new_tokens=3, progress=False, encode=encode
+        )
