@@ -17,12 +17,39 @@ from .errors import (
     UnknownRewardError,
 )
 from .generation import MetaSDGenerateOutput, disable, enable, generate, is_enabled
-from .policies import POLICY_REGISTRY, Policy, get_policy, register_policy
+from .policies import (
+    EXP3,
+    POLICY_REGISTRY,
+    UCB,
+    DiscountedUCB,
+    EpsilonGreedy,
+    FixedPolicy,
+    Hedge,
+    Policy,
+    RandomPolicy,
+    RoundRobin,
+    SlidingWindowUCB,
+    SuccessiveHalving,
+    ThompsonSampling,
+    get_policy,
+    register_policy,
+)
 from .rewards import REWARDS, RoundFeedback, block_divergence, block_efficiency
 from .stats import MetaSDStats
 
 __all__ = [
+    "EXP3",
     "POLICY_REGISTRY",
+    "UCB",
+    "DiscountedUCB",
+    "EpsilonGreedy",
+    "FixedPolicy",
+    "Hedge",
+    "RandomPolicy",
+    "RoundRobin",
+    "SlidingWindowUCB",
+    "SuccessiveHalving",
+    "ThompsonSampling",
     "REWARDS",
     "Drafter",
     "DrafterCompatibilityError",
