@@ -50,6 +50,12 @@ class MetaCandidateGenerator(CandidateGenerator):
         full_information: after each round, also score every drafter that catches up on the round's accepted tokens
             against the target (``1 - TV`` at those positions) and pass those counterfactual rewards to
             `policy.update_all`. Costs each drafter one forward pass per round.
+        warm_start: prompt warm start over a window of the last `warm_start` prompt positions (0: off). The target's
+            first forward pass (its prefill, in round 1) is asked for its logits on that window too
+            (`model_kwargs_overrides`), every drafter with logits prefills the prompt (which it must do anyway before
+            it drafts) keeping its logits on the same window, and before round 2 each such drafter's
+            ``1 - TV(p_target, q_drafter)`` averaged over the window is given to the policy as one observation. The
+            policy then needs no exploration rounds for them. Extra cost: the LM heads on `warm_start` positions.
 
     Example:
         >>> import torch
@@ -77,6 +83,7 @@ class MetaCandidateGenerator(CandidateGenerator):
         logits_processor: Any = None,
         generation_config: Any = None,
         full_information: bool = False,
+        warm_start: int = 0,
     ) -> None:
         if not drafters:
             raise MetaSDConfigError(
@@ -91,6 +98,10 @@ class MetaCandidateGenerator(CandidateGenerator):
                 f"`num_assistant_tokens` must be an int >= 1, but is {num_assistant_tokens!r}. "
                 f"Use e.g. {DEFAULT_NUM_ASSISTANT_TOKENS}."
             )
+        if not isinstance(warm_start, int) or isinstance(warm_start, bool) or warm_start < 0:
+            raise MetaSDConfigError(
+                f"`meta_warm_start` must be an int >= 0 (prompt positions), but is {warm_start!r}. Use e.g. 16, or 0 for off."
+            )
         if not isinstance(policy, Policy):
             raise TypeError(f"`policy` must be a `Policy`, but is {type(policy).__name__}. Use `get_policy(name)`.")
         self.drafters = list(drafters)
@@ -102,6 +113,14 @@ class MetaCandidateGenerator(CandidateGenerator):
         self.do_sample = bool(getattr(generation_config, "do_sample", False))
         self.max_length = getattr(generation_config, "max_length", None)
         self.full_information = full_information
+        self.warm_start = warm_start
+        # transformers' loop passes the target's outputs to `get_candidates` and merges `model_kwargs_overrides` into
+        # the target's inputs when this is set: the warm start uses both, once.
+        self.requires_model_outputs = warm_start > 0
+        self.model_kwargs_overrides: dict[str, Any] = {}
+        self._prompt_length: int | None = None
+        self._warm_window = 0
+        self._warm_logits: dict[int, torch.Tensor] = {}
         self.stats = MetaSDStats(
             drafter_names=[d.name for d in self.drafters],
             policy=policy.name or type(policy).__name__,
@@ -135,10 +154,16 @@ class MetaCandidateGenerator(CandidateGenerator):
             return self.num_assistant_tokens
         return max(0, min(self.num_assistant_tokens, self.max_length - input_ids.shape[1] - 1))
 
-    def _catch_up(self, arm: int, input_ids: torch.LongTensor) -> None:
+    def _catch_up(self, arm: int, input_ids: torch.LongTensor, *, warm: bool = False) -> None:
         drafter = self.drafters[arm]
         start = time.perf_counter()
-        drafter.catch_up(input_ids)
+        if warm and drafter.returns_logits:
+            # logits at positions L - w - 1 .. L - 1; the first w predict the last w prompt tokens
+            logits = drafter.catch_up(input_ids, return_logits=self._warm_window + 1)
+            if logits is not None and logits.shape[1] == self._warm_window + 1:
+                self._warm_logits[arm] = logits[0, : self._warm_window]
+        else:
+            drafter.catch_up(input_ids)
         seconds = time.perf_counter() - start
         # A drafter that also drafted the previous round only ingests the accepted + bonus tokens: that is ordinary
         # drafting cost. Anything else (first use, or rounds missed while others drafted) is the cost of switching.
@@ -157,13 +182,21 @@ class MetaCandidateGenerator(CandidateGenerator):
             raise MetaSDConfigError(
                 f"batch size must be 1 for MetaSD, but is {input_ids.shape[0]}. Call `generate` once per prompt."
             )
+        first_round = self._prompt_length is None
+        if first_round:
+            self._prompt_length = input_ids.shape[1]
+            self._warm_window = min(self.warm_start, input_ids.shape[1] - 1)
+        elif self._warm_window and kwargs.get("model_outputs") is not None:
+            self._apply_warm_start(input_ids, kwargs["model_outputs"])
         arm = self._select()
         num_tokens = self._draft_length(input_ids)
+        if first_round and self._warm_window:
+            self.model_kwargs_overrides = {"logits_to_keep": self._warm_window + num_tokens + 1}
         if num_tokens == 0:
             self.stats.catch_up_tokens.append(0)
             self._pending = _Round(arm, None, None, started, time.perf_counter())
             return input_ids, None
-        self._catch_up(arm, input_ids)
+        self._catch_up(arm, input_ids, warm=first_round and self._warm_window > 0)
         start = time.perf_counter()
         tokens, logits = self.drafters[arm].draft(
             input_ids, num_tokens, logits_processor=self.logits_processor, do_sample=self.do_sample
@@ -177,6 +210,33 @@ class MetaCandidateGenerator(CandidateGenerator):
         tokens = tokens.to(input_ids.device)
         self._pending = _Round(arm, tokens[0], None if logits is None else logits[0], started, now)
         return torch.cat([input_ids, tokens], dim=-1), logits
+
+    def _apply_warm_start(self, input_ids: torch.LongTensor, model_outputs: Any) -> None:
+        """Before round 2: score every drafter with logits on the prompt window against the target (see `warm_start`)."""
+        start = time.perf_counter()
+        window, length = self._warm_window, self._prompt_length
+        self._warm_window = 0
+        self.model_kwargs_overrides = {}
+        logits = getattr(model_outputs, "logits", None)
+        if logits is None or logits.shape[1] < window:
+            return
+        target = logits[0, :window].float()
+        tokens = input_ids[0, length - window : length]
+        rewards: dict[int, float] = {}
+        for arm, drafter in enumerate(self.drafters):
+            if not drafter.returns_logits:
+                continue
+            drafted = self._warm_logits.pop(arm, None)
+            if drafted is None:  # prefill now, keeping the logits from position L - w - 1 on
+                full = drafter.catch_up(input_ids, return_logits=input_ids.shape[1] - (length - window - 1))
+                if full is None or full.shape[1] < window:
+                    continue
+                drafted = full[0, :window]
+            rewards[arm] = block_divergence(target, tokens, drafted.to(target.device))
+        for arm, reward in rewards.items():
+            self.policy.update(arm, reward)
+        self.stats.warm_start_rewards = rewards
+        self.stats.warm_start_seconds += time.perf_counter() - start
 
     # ------------------------------------------------------------------ step 2: learn from verification
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:

@@ -33,7 +33,7 @@ from .stats import MetaSDStats
 __all__ = ["MetaSDGenerateOutput", "disable", "enable", "generate", "is_enabled"]
 
 #: keyword arguments that only mean something together with `assistant_models`.
-META_KWARGS = ("meta_policy", "meta_policy_kwargs", "meta_reward", "meta_full_information")
+META_KWARGS = ("meta_policy", "meta_policy_kwargs", "meta_reward", "meta_full_information", "meta_warm_start")
 
 
 @dataclass
@@ -62,6 +62,7 @@ def build_candidate_generator(
     meta_reward: str | Callable[[RoundFeedback], float],
     num_assistant_tokens: int | None,
     meta_full_information: bool,
+    meta_warm_start: int = 0,
 ) -> MetaCandidateGenerator:
     """Validate everything a MetaSD call needs, before any forward pass, and build its candidate generator."""
     if assistant_models is None:
@@ -119,6 +120,7 @@ def build_candidate_generator(
         logits_processor=logits_processor,
         generation_config=generation_config,
         full_information=meta_full_information,
+        warm_start=meta_warm_start,
     )
 
 
@@ -150,6 +152,7 @@ def generate(
     meta_reward: str | Callable[[RoundFeedback], float] | None = None,
     num_assistant_tokens: int | None = None,
     meta_full_information: bool = False,
+    meta_warm_start: int = 0,
     metasd_streamer: Any = None,
     **model_kwargs: Any,
 ) -> Any:
@@ -164,6 +167,8 @@ def generate(
         meta_reward: ``"bd"`` (default), ``"be"`` or a callable ``f(RoundFeedback) -> float``.
         num_assistant_tokens: tokens drafted per round (default 5).
         meta_full_information: also score the drafters that did not draft (see `MetaCandidateGenerator`).
+        meta_warm_start: prompt warm start over this many last prompt positions (0: off; see
+            `MetaCandidateGenerator`).
         metasd_streamer: a streamer; transformers does not forward `streamer` to custom decoding methods, so pass it
             under this name with `custom_generate` (with `hf_metasd.enable()`, `streamer=` works as usual).
 
@@ -182,6 +187,7 @@ def generate(
         meta_reward=meta_reward,
         num_assistant_tokens=num_assistant_tokens,
         meta_full_information=meta_full_information,
+        meta_warm_start=meta_warm_start,
     )
     if streamer is None and metasd_streamer is not None:
         # transformers put the prompt into `streamer` before decoding; it never saw this one, so do it here

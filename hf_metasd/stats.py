@@ -19,7 +19,9 @@ class MetaSDStats:
     Seconds: ``draft_seconds`` (drafters' single-token steps), ``catch_up_seconds`` (drafters ingesting tokens they
     had not seen, including their prompt prefill), ``verify_seconds`` (from the end of drafting to the reward: the
     target's forward pass and transformers' acceptance step), ``policy_seconds`` (`select` + `update`),
-    ``reward_seconds`` (computing the reward).
+    ``reward_seconds`` (computing the reward), ``warm_start_seconds`` (prompt warm start: drafters' prefill with
+    logits on the window, and scoring). ``warm_start_rewards`` maps drafters to their warm-start reward, and
+    ``counterfactual_rewards`` holds one dict per round in full-information mode.
     """
 
     drafter_names: list[str]
@@ -36,7 +38,9 @@ class MetaSDStats:
     verify_seconds: float = 0.0
     policy_seconds: float = 0.0
     reward_seconds: float = 0.0
+    warm_start_seconds: float = 0.0
     counterfactual_rewards: list[dict[int, float]] = field(default_factory=list)
+    warm_start_rewards: dict[int, float] = field(default_factory=dict)
 
     @property
     def rounds(self) -> int:

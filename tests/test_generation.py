@@ -142,11 +142,15 @@ def test_policy_by_name_starts_fresh_and_instance_keeps_learning(target, pools):
     assert first.metasd.arms[:3] == second.metasd.arms[:3] == [0, 1, 2]
 
     policy = get_policy("ucb")
-    a = metasd_greedy(target, PROMPTS[5], 20, assistant_models=pools[3], meta_policy=policy, return_dict_in_generate=True)
+    a = metasd_greedy(
+        target, PROMPTS[5], 20, assistant_models=pools[3], meta_policy=policy, return_dict_in_generate=True
+    )
     pulls_after_first = list(policy.counts)
     # the policy learns from rounds that drafted (the last round may have no length budget left to draft)
     assert sum(pulls_after_first) == sum(1 for d in a.metasd.drafted if d > 0)
-    b = metasd_greedy(target, PROMPTS[6], 20, assistant_models=pools[3], meta_policy=policy, return_dict_in_generate=True)
+    b = metasd_greedy(
+        target, PROMPTS[6], 20, assistant_models=pools[3], meta_policy=policy, return_dict_in_generate=True
+    )
     assert sum(policy.counts) == sum(pulls_after_first) + sum(1 for d in b.metasd.drafted if d > 0)
     assert b.metasd.arms[:3] != [0, 1, 2] or pulls_after_first == [0, 0, 0]
 
@@ -170,9 +174,51 @@ def test_restricted_head_drafter_is_lossless(target, target_copy, references):
 
 def test_full_information_scores_every_drafter(target, pools, references):
     out = metasd_greedy(
-        target, PROMPTS[0], MAX_NEW, assistant_models=pools[3], meta_full_information=True, return_dict_in_generate=True
+        target,
+        PROMPTS[0],
+        MAX_NEW,
+        assistant_models=pools[3],
+        meta_full_information=True,
+        return_dict_in_generate=True,
     )
     assert torch.equal(out.sequences, references[0])
     cf = out.metasd.counterfactual_rewards
     assert len(cf) == sum(1 for d in out.metasd.drafted if d > 0)
     assert all(len(r) == 3 and all(0.0 <= v <= 1.0 for v in r.values()) for r in cf[1:])
+
+
+def test_prompt_warm_start_scores_every_drafter_before_round_two(target, drafters, target_copy):
+    prompt = PROMPTS[7]
+    pool = [drafters[0], drafters[1], target_copy]
+    cold = metasd_greedy(target, prompt, 30, assistant_models=pool, return_dict_in_generate=True)
+    warm = metasd_greedy(target, prompt, 30, assistant_models=pool, meta_warm_start=4, return_dict_in_generate=True)
+    assert torch.equal(warm.sequences, greedy(target, prompt, 30)) and torch.equal(cold.sequences, warm.sequences)
+    rewards = warm.metasd.warm_start_rewards
+    assert sorted(rewards) == [0, 1, 2]
+    assert rewards[2] == pytest.approx(1.0, abs=1e-5)  # the exact copy agrees with the target on the prompt
+    assert rewards[0] < 0.9 and rewards[1] < 0.9
+    # cold UCB spends round 2 exploring drafter 1; warm UCB already knows and goes to the copy
+    assert cold.metasd.arms[:3] == [0, 1, 2]
+    assert warm.metasd.arms[:2] == [0, 2]
+    assert sum(warm.metasd.accepted[:2]) > sum(cold.metasd.accepted[:2])
+
+
+def test_warm_start_target_window_matches_a_manual_forward(target, drafters):
+    """The window logits the generator used are the target's own logits on the last prompt positions."""
+    prompt = PROMPTS[8]
+    window = 3
+    out = metasd_greedy(
+        target, prompt, 4, assistant_models=[drafters[0]], meta_warm_start=window, return_dict_in_generate=True
+    )
+    with torch.no_grad():
+        p = target(prompt).logits[0, -window - 1 : -1]
+        q = drafters[0](prompt).logits[0, -window - 1 : -1]
+    expected = hf_metasd.block_divergence(p, prompt[0, -window:], q)
+    assert out.metasd.warm_start_rewards[0] == pytest.approx(expected, abs=1e-5)
+
+
+def test_warm_start_must_be_a_non_negative_int(target, drafters):
+    with pytest.raises(
+        hf_metasd.MetaSDConfigError, match=r"`meta_warm_start` must be an int >= 0 \(prompt positions\), but is -1"
+    ):
+        metasd_greedy(target, PROMPTS[0], 4, assistant_models=drafters, meta_warm_start=-1)

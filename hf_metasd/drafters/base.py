@@ -65,11 +65,12 @@ class Drafter(ABC):
     def reset(self) -> None:
         """Forget per-sequence state (KV caches). Called at the start and end of every `generate`."""
 
-    def catch_up(self, input_ids: torch.LongTensor, *, return_logits: bool = False) -> torch.Tensor | None:
+    def catch_up(self, input_ids: torch.LongTensor, *, return_logits: bool | int = False) -> torch.Tensor | None:
         """Ingest the tokens of `input_ids` (shape ``(1, L)``) that this drafter has not seen yet.
 
-        With `return_logits`, return the drafter's raw logits ``(1, m, V)`` at the ``m`` ingested positions (used for
-        full-information feedback); otherwise ``None``.
+        With ``return_logits=True``, return the drafter's raw logits ``(1, m, V)`` at the ``m`` ingested positions
+        (full-information feedback); with an int ``k``, at the last ``min(k, m)`` ingested positions (prompt warm
+        start); otherwise ``None``.
         """
         self.last_catch_up_tokens = 0
         return None

@@ -130,7 +130,7 @@ class ModelDrafter(Drafter):
         return logits
 
     @torch.no_grad()
-    def catch_up(self, input_ids: torch.LongTensor, *, return_logits: bool = False) -> torch.Tensor | None:
+    def catch_up(self, input_ids: torch.LongTensor, *, return_logits: bool | int = False) -> torch.Tensor | None:
         input_ids = input_ids.to(self.model.device)
         if self._cache is None:
             self._cache = self._new_cache()
@@ -140,7 +140,11 @@ class ModelDrafter(Drafter):
         if keep < cached:
             self._cache.crop(keep - cached)
         new = input_ids[:, keep:]
-        logits = self._forward(new, new.shape[1] if return_logits else 1)
+        if return_logits is True:
+            num_logits = new.shape[1]
+        else:
+            num_logits = max(1, min(int(return_logits), new.shape[1]))
+        logits = self._forward(new, num_logits)
         self._next_logits = logits[:, -1]
         self._ids = input_ids
         self.last_catch_up_tokens = new.shape[1]
