@@ -262,6 +262,7 @@ class MetaCandidateGenerator(CandidateGenerator):
             draft_logits=pending.logits,
             num_accepted=accepted,
             seconds=now - pending.started,
+            draft_seconds=pending.verify_started - pending.started,
         )
         start = time.perf_counter()
         reward = float(self.reward(feedback))
@@ -286,8 +287,10 @@ class MetaCandidateGenerator(CandidateGenerator):
         cover, so BD is computed on the accepted tokens plus the bonus token.
         """
         rewards = {arm: reward}
+        accepted_by = {arm: accepted}
         num = accepted + 1
         target = scores[0, :num]
+        tokens = input_ids[0, -num:]
         for other, drafter in enumerate(self.drafters):
             if other == arm or not drafter.returns_logits:
                 continue
@@ -296,6 +299,10 @@ class MetaCandidateGenerator(CandidateGenerator):
             self.stats.catch_up_seconds += time.perf_counter() - start
             if logits is None or logits.shape[1] < num:
                 continue
-            rewards[other] = block_divergence(target, input_ids[0, -num:], logits[0, -num:])
+            rewards[other] = block_divergence(target, tokens, logits[0, -num:])
+            # greedy drafts it would have accepted, observable only inside this round's verified window
+            matches = (logits[0, -num:].argmax(-1).to(tokens.device) == tokens).long()
+            accepted_by[other] = min(int(matches.cumprod(0).sum()), self.num_assistant_tokens)
         self.stats.counterfactual_rewards.append(rewards)
+        self.stats.counterfactual_accepted.append(accepted_by)
         self.policy.update_all(rewards)

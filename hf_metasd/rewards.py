@@ -3,6 +3,9 @@ r"""Rewards: the alignment feedback a policy learns from, computed from what ver
 Both built-in rewards lie in ``[0, 1]``:
 
 * **BE** (block efficiency): :math:`n_{acc} / N`, accepted drafted tokens over drafted tokens.
+* **cost** (cost-aware): tokens gained per second of round wall time, normalised by the best a free drafter could
+  do, :math:`\frac{n_{acc} + 1}{N + 1} \cdot \frac{T_{verify}}{T_{draft} + T_{verify}}`, so a slower drafter with
+  higher acceptance competes fairly with a faster one.
 * **BD** (block divergence): :math:`\frac1N \sum_{j=1}^{N} \bigl(1 - \mathrm{TV}(p_j, q_j)\bigr)` with
   :math:`\mathrm{TV}(p, q) = \tfrac12 \lVert p - q \rVert_1`, over **all** drafted positions :math:`j` (after the first
   rejection too: the target's logits there come from the same verification pass, conditioned on the drafted prefix).
@@ -26,6 +29,7 @@ __all__ = [
     "RoundFeedback",
     "block_divergence",
     "block_efficiency",
+    "cost_aware",
     "get_reward",
     "reward_name",
 ]
@@ -43,6 +47,7 @@ class RoundFeedback:
         draft_logits: ``(N, V)`` drafter's processed logits at the same positions, or ``None`` (deterministic drafter).
         num_accepted: drafted tokens the target accepted (``0 <= num_accepted <= N``).
         seconds: wall time of the round (drafting and verification), for cost-aware rewards.
+        draft_seconds: the part of `seconds` spent selecting, catching up and drafting.
     """
 
     arm: int
@@ -51,6 +56,7 @@ class RoundFeedback:
     draft_logits: torch.Tensor | None
     num_accepted: int
     seconds: float = 0.0
+    draft_seconds: float = 0.0
 
     @property
     def num_drafted(self) -> int:
@@ -113,6 +119,22 @@ def block_divergence(
     return float(terms.clamp(0.0, 1.0).mean())
 
 
+def cost_aware(num_accepted: int, num_drafted: int, draft_seconds: float, verify_seconds: float) -> float:
+    """Cost-aware reward: tokens per second of the round over the best possible, ``(N + 1)`` tokens per verification.
+
+    Example:
+        >>> cost_aware(3, 5, draft_seconds=0.05, verify_seconds=0.15)  # 4/6 of the tokens, 3/4 of the time verifying
+        0.5
+    """
+    block_efficiency(num_accepted, num_drafted)  # validates the counts
+    if draft_seconds < 0 or verify_seconds <= 0:
+        raise ValueError(
+            f"`verify_seconds` must be > 0 and `draft_seconds` >= 0, but are {verify_seconds} and {draft_seconds}. "
+            "Pass measured wall times."
+        )
+    return (num_accepted + 1) / (num_drafted + 1) * verify_seconds / (draft_seconds + verify_seconds)
+
+
 def _be(feedback: RoundFeedback) -> float:
     return block_efficiency(feedback.num_accepted, feedback.num_drafted)
 
@@ -121,10 +143,15 @@ def _bd(feedback: RoundFeedback) -> float:
     return block_divergence(feedback.target_logits, feedback.draft_tokens, feedback.draft_logits)
 
 
-_be.__name__, _bd.__name__ = "be", "bd"
+def _cost(feedback: RoundFeedback) -> float:
+    verify = max(feedback.seconds - feedback.draft_seconds, 1e-9)
+    return cost_aware(feedback.num_accepted, feedback.num_drafted, feedback.draft_seconds, verify)
+
+
+_be.__name__, _bd.__name__, _cost.__name__ = "be", "bd", "cost"
 
 #: name -> reward callable taking a `RoundFeedback`.
-REWARDS: dict[str, Callable[[RoundFeedback], float]] = {"be": _be, "bd": _bd}
+REWARDS: dict[str, Callable[[RoundFeedback], float]] = {"be": _be, "bd": _bd, "cost": _cost}
 
 
 def get_reward(reward: str | Callable[[RoundFeedback], float]) -> Callable[[RoundFeedback], float]:

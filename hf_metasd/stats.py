@@ -40,6 +40,7 @@ class MetaSDStats:
     reward_seconds: float = 0.0
     warm_start_seconds: float = 0.0
     counterfactual_rewards: list[dict[int, float]] = field(default_factory=list)
+    counterfactual_accepted: list[dict[int, int]] = field(default_factory=list)
     warm_start_rewards: dict[int, float] = field(default_factory=dict)
 
     @property
@@ -83,6 +84,19 @@ class MetaSDStats:
         out = asdict(self)
         out.update(rounds=self.rounds, pulls=self.pulls, tokens=self.tokens, mean_accepted=self.mean_accepted)
         return out
+
+    def to_trace(self) -> list[dict[str, dict[int, float]]]:
+        """Full-information rounds as a trace for `hf_metasd.simulate.replay` (rounds covering every drafter).
+
+        Counterfactual accepted counts are observable only within each round's verified window (accepted + 1
+        tokens), so they under-count for drafters that would have gone further: replay is a conservative estimate.
+        """
+        arms = set(range(len(self.drafter_names)))
+        return [
+            {"arm_rewards": dict(rewards), "arm_accepted": dict(accepted)}
+            for rewards, accepted in zip(self.counterfactual_rewards, self.counterfactual_accepted)
+            if set(rewards) == arms and set(accepted) == arms
+        ]
 
     def summary(self) -> str:
         """A small text table: one line per drafter, then the time split."""

@@ -75,14 +75,16 @@ def test_unknown_policy_lists_registered_names(target, drafters, forward_calls):
         lambda: metasd_greedy(target, PROMPT, 5, assistant_models=drafters, meta_policy="ucbb"),
     )
     # the fix works: a registered name
-    assert metasd_greedy(target, PROMPT, 5, assistant_models=drafters, meta_policy="ucb").shape[1] == PROMPT.shape[1] + 5
+    assert (
+        metasd_greedy(target, PROMPT, 5, assistant_models=drafters, meta_policy="ucb").shape[1] == PROMPT.shape[1] + 5
+    )
 
 
 def test_unknown_reward(target, drafters, forward_calls):
     _raises_before_compute(
         forward_calls,
         UnknownRewardError,
-        r"`meta_reward` must be one of \['bd', 'be'\] or a callable .*, but is 'tv'\. Use \"bd\"",
+        r"`meta_reward` must be one of \['bd', 'be', 'cost'\] or a callable .*, but is 'tv'\. Use \"bd\"",
         lambda: metasd_greedy(target, PROMPT, 5, assistant_models=drafters, meta_reward="tv"),
     )
 

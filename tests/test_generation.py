@@ -222,3 +222,26 @@ def test_warm_start_must_be_a_non_negative_int(target, drafters):
         hf_metasd.MetaSDConfigError, match=r"`meta_warm_start` must be an int >= 0 \(prompt positions\), but is -1"
     ):
         metasd_greedy(target, PROMPTS[0], 4, assistant_models=drafters, meta_warm_start=-1)
+
+
+def test_full_information_trace_replays_in_the_simulator(target, drafters, target_copy):
+    from hf_metasd.simulate import replay
+
+    pool = [drafters[0], target_copy]
+    out = metasd_greedy(
+        target, PROMPTS[9], 40, assistant_models=pool, meta_full_information=True, return_dict_in_generate=True
+    )
+    trace = out.metasd.to_trace()
+    assert trace and all(set(r["arm_rewards"]) == {0, 1} for r in trace)
+    # the copy would have accepted every verified token; its counterfactual BD is 1
+    assert all(r["arm_rewards"][1] == pytest.approx(1.0, abs=1e-5) for r in trace)
+    result = replay("ucb", trace)
+    assert result.rounds == len(trace)
+
+
+def test_cost_reward_runs_and_stays_lossless(target, pools, references):
+    out = metasd_greedy(
+        target, PROMPTS[0], MAX_NEW, assistant_models=pools[3], meta_reward="cost", return_dict_in_generate=True
+    )
+    assert torch.equal(out.sequences, references[0])
+    assert all(r is None or 0.0 <= r <= 1.0 for r in out.metasd.rewards)

@@ -20,7 +20,10 @@ def test_block_efficiency_values():
     assert block_efficiency(2, 4) == 0.5
 
 
-@pytest.mark.parametrize(("acc", "n", "match"), [(1, 0, "`num_drafted` must be >= 1"), (4, 3, r"`num_accepted` must be in \[0, 3\], but is 4")])
+@pytest.mark.parametrize(
+    ("acc", "n", "match"),
+    [(1, 0, "`num_drafted` must be >= 1"), (4, 3, r"`num_accepted` must be in \[0, 3\], but is 4")],
+)
 def test_block_efficiency_rejects_impossible_counts(acc, n, match):
     with pytest.raises(ValueError, match=match):
         block_efficiency(acc, n)
@@ -55,7 +58,9 @@ def test_block_divergence_is_one_for_identical_and_dense_otherwise():
 
 
 def test_block_divergence_shape_errors():
-    with pytest.raises(ValueError, match=r"`draft_logits` must have the shape of `target_logits` \(2, 3\), but has \(2, 4\)"):
+    with pytest.raises(
+        ValueError, match=r"`draft_logits` must have the shape of `target_logits` \(2, 3\), but has \(2, 4\)"
+    ):
         block_divergence(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), torch.zeros(2, 4))
     with pytest.raises(ValueError, match=r"`target_logits` must have shape \(N, V\)"):
         block_divergence(torch.zeros(3), torch.zeros(3, dtype=torch.long))
@@ -66,3 +71,12 @@ def test_get_reward_names_and_callables():
     assert get_reward("be")(fb) == 0.5
     assert get_reward("bd")(fb) == pytest.approx(0.5, abs=1e-6)
     assert get_reward(lambda f: 0.25)(fb) == 0.25
+
+
+def test_cost_aware_hand_computed():
+    from hf_metasd.rewards import cost_aware
+
+    assert cost_aware(5, 5, draft_seconds=0.0, verify_seconds=1.0) == 1.0  # a free, perfect drafter
+    assert cost_aware(0, 4, draft_seconds=1.0, verify_seconds=1.0) == pytest.approx(0.1)  # 1/5 * 1/2
+    with pytest.raises(ValueError, match=r"`verify_seconds` must be > 0 and `draft_seconds` >= 0, but are 0.0 and"):
+        cost_aware(1, 2, draft_seconds=0.1, verify_seconds=0.0)
