@@ -39,7 +39,7 @@ from .prompts import BenchPrompt
 
 __all__ = ["BenchRecord", "Method", "build_methods", "run_bench", "summarize", "write_report"]
 
-#: Policies compared by default: (method name, policy, reward).
+#: Policies compared by default: (method name, policy, reward[, extra `generate` kwargs]).
 DEFAULT_POLICIES = (
     ("ucb-bd", "ucb", "bd"),
     ("ucb-be", "ucb", "be"),
@@ -47,6 +47,8 @@ DEFAULT_POLICIES = (
     ("successive_halving", "successive_halving", "bd"),
     ("thompson", "thompson", "bd"),
     ("random", "random", "bd"),
+    ("ucb-bd+warm", "ucb", "bd", {"meta_warm_start": 16}),
+    ("ucb-cost", "ucb", "cost"),
 )
 
 
@@ -111,7 +113,7 @@ def build_methods(
     drafters: Sequence[Drafter],
     *,
     num_assistant_tokens: int = 5,
-    policies: Sequence[tuple[str, str, str]] = DEFAULT_POLICIES,
+    policies: Sequence[tuple] = DEFAULT_POLICIES,
     transformers_baselines: bool = True,
     fixed_baselines: bool = True,
     oracle: bool = True,
@@ -153,8 +155,9 @@ def build_methods(
             return metasd(meta_policy="fixed", meta_policy_kwargs={"arm": names.index(prompt.task)})(prompt)
 
         methods.append(Method("oracle", "metasd", oracle_kwargs))
-    for method_name, policy, reward in policies:
-        methods.append(Method(method_name, "metasd", metasd(meta_policy=policy, meta_reward=reward)))
+    for method_name, policy, reward, *extra in policies:
+        kwargs = extra[0] if extra else {}
+        methods.append(Method(method_name, "metasd", metasd(meta_policy=policy, meta_reward=reward, **kwargs)))
     if stream_policy:
         shared = get_policy("ucb")
         methods.append(Method("ucb-bd (stream)", "metasd", metasd(meta_policy=shared, meta_reward="bd")))
