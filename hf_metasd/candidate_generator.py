@@ -42,7 +42,7 @@ class MetaCandidateGenerator(CandidateGenerator):
     Args:
         drafters: the pool, one `Drafter` per arm (see `hf_metasd.drafters.as_drafters`).
         policy: a `Policy`; it is bound to ``len(drafters)`` arms (reset if fresh, kept if it already learnt).
-        reward: ``"bd"`` (default), ``"be"`` or a callable ``f(RoundFeedback) -> float``.
+        reward: ``"bd"`` (default), ``"be"``, ``"cost"`` or a callable ``f(RoundFeedback) -> float``.
         num_assistant_tokens: draft length ``N`` per round (constant schedule), capped by the length budget.
         logits_processor: the target's `LogitsProcessorList`; drafters apply it too, so that drafted tokens and the
             logits used by speculative sampling and BD are the processed ones.
@@ -54,8 +54,9 @@ class MetaCandidateGenerator(CandidateGenerator):
             first forward pass (its prefill, in round 1) is asked for its logits on that window too
             (`model_kwargs_overrides`), every drafter with logits prefills the prompt (which it must do anyway before
             it drafts) keeping its logits on the same window, and before round 2 each such drafter's
-            ``1 - TV(p_target, q_drafter)`` averaged over the window is given to the policy as one observation. The
-            policy then needs no exploration rounds for them. Extra cost: the LM heads on `warm_start` positions.
+            ``1 - TV(p_target, q_drafter)`` averaged over the window is given to the policy as one observation. This
+            replaces the forced first pull of each drafter (UCB's "try each once"); later exploration is unchanged.
+            Extra cost: the LM heads on `warm_start` positions.
 
     Example:
         >>> import torch

@@ -1,7 +1,9 @@
 """`hf-metasd`: the demo and the benchmark on the embedded default (SmolLM2-135M-Instruct + the shipped pool).
 
-hf-metasd demo [--prompt TEXT] [--max-new-tokens 128]
+```bash
+hf-metasd demo [--prompt TEXT] [--max-new-tokens 96]
 hf-metasd bench [--quick] [--mixed] [--out bench_results]
+```
 """
 
 from __future__ import annotations
@@ -128,6 +130,7 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `hf-metasd` command; returns the process exit code."""
     parser = argparse.ArgumentParser(prog="hf-metasd", description="Multi-drafter speculative decoding (MetaSD).")
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)

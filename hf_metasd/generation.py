@@ -164,7 +164,7 @@ def generate(
         meta_policy: a registered policy name (a fresh policy per call, as in the paper) or a `Policy` instance
             (keeps learning across calls). Default ``"ucb"``.
         meta_policy_kwargs: settings for a policy given by name, e.g. ``{"beta": 0.5}``.
-        meta_reward: ``"bd"`` (default), ``"be"`` or a callable ``f(RoundFeedback) -> float``.
+        meta_reward: ``"bd"`` (default), ``"be"``, ``"cost"`` or a callable ``f(RoundFeedback) -> float``.
         num_assistant_tokens: tokens drafted per round (default 5).
         meta_full_information: also score the drafters that did not draft (see `MetaCandidateGenerator`).
         meta_warm_start: prompt warm start over this many last prompt positions (0: off; see

@@ -47,7 +47,9 @@ def _read_humaneval() -> list[BenchPrompt]:
     ]
 
 
-def load_bench_prompts(tasks: tuple[str, ...] | list[str] = BENCH_TASKS, per_task: int | None = None) -> list[BenchPrompt]:
+def load_bench_prompts(
+    tasks: tuple[str, ...] | list[str] = BENCH_TASKS, per_task: int | None = None
+) -> list[BenchPrompt]:
     """Prompts of `tasks`, at most `per_task` each, in file order (deterministic).
 
     Example:

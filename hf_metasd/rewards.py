@@ -1,6 +1,6 @@
 r"""Rewards: the alignment feedback a policy learns from, computed from what verification already produced.
 
-Both built-in rewards lie in ``[0, 1]``:
+The built-in rewards lie in ``[0, 1]``:
 
 * **BE** (block efficiency): :math:`n_{acc} / N`, accepted drafted tokens over drafted tokens.
 * **cost** (cost-aware): tokens gained per second of round wall time, normalised by the best a free drafter could
@@ -60,6 +60,7 @@ class RoundFeedback:
 
     @property
     def num_drafted(self) -> int:
+        """N, the number of drafted tokens."""
         return int(self.draft_tokens.shape[-1])
 
 

@@ -45,6 +45,7 @@ class MetaSDStats:
 
     @property
     def rounds(self) -> int:
+        """Draft-and-verify rounds (target forward passes) of the call."""
         return len(self.arms)
 
     @property
@@ -67,6 +68,7 @@ class MetaSDStats:
 
     @property
     def total_seconds(self) -> float:
+        """Sum of the measured parts (drafting, catch-up, verification, policy, reward, warm start)."""
         return (
             self.draft_seconds
             + self.catch_up_seconds
@@ -81,6 +83,7 @@ class MetaSDStats:
         return self.policy_seconds + self.reward_seconds + self.catch_up_seconds
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field and derived number, JSON-serialisable."""
         out = asdict(self)
         out.update(rounds=self.rounds, pulls=self.pulls, tokens=self.tokens, mean_accepted=self.mean_accepted)
         return out

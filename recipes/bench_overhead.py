@@ -35,7 +35,11 @@ def truncated_copy(target, num_layers: int):
     """A separate model holding a copy of the target's first `num_layers` layers, norm and head."""
     config = target.config.__class__(**{**target.config.to_dict(), "num_hidden_layers": num_layers})
     model = AutoModelForCausalLM.from_config(config, dtype=target.dtype)
-    state = {k: v for k, v in target.state_dict().items() if not k.startswith("model.layers.") or int(k.split(".")[2]) < num_layers}
+    state = {
+        k: v
+        for k, v in target.state_dict().items()
+        if not k.startswith("model.layers.") or int(k.split(".")[2]) < num_layers
+    }
     model.load_state_dict(state, strict=False)
     model.generation_config.num_assistant_tokens_schedule = "constant"
     model.generation_config.assistant_confidence_threshold = 0.0

@@ -51,6 +51,7 @@ class Drafter(ABC):
 
     @property
     def device(self) -> torch.device:
+        """Where the drafter computes (CPU for model-free drafters)."""
         return torch.device("cpu")
 
     def check_compatible(self, target: Any) -> None:

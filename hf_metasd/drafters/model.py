@@ -75,10 +75,12 @@ class ModelDrafter(Drafter):
     # ------------------------------------------------------------------ properties
     @property
     def vocab_size(self) -> int:
+        """Logits width of the drafter model."""
         return self._vocab_size
 
     @property
     def device(self) -> torch.device:
+        """The drafter model's device."""
         return self.model.device
 
     def config(self) -> dict[str, Any]:
