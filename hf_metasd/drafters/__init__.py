@@ -9,7 +9,19 @@ from ..errors import MetaSDConfigError
 from .base import Drafter, target_vocab_size
 from .model import ModelDrafter
 
-__all__ = ["DRAFTER_KINDS", "Drafter", "ModelDrafter", "as_drafters", "register_drafter_kind", "target_vocab_size"]
+__all__ = [
+    "DRAFTER_KINDS",
+    "Drafter",
+    "EarlyExitDrafter",
+    "LoraDrafter",
+    "ModelDrafter",
+    "PromptLookupDrafter",
+    "as_drafters",
+    "early_exit_model",
+    "prompt_lookup_candidates",
+    "register_drafter_kind",
+    "target_vocab_size",
+]
 
 #: kind name -> Drafter subclass (used by pool configs). Each kind module registers itself.
 DRAFTER_KINDS: dict[str, type[Drafter]] = {}
@@ -24,6 +36,11 @@ def register_drafter_kind(cls: type[Drafter]) -> type[Drafter]:
 
 
 register_drafter_kind(ModelDrafter)
+
+# Each kind module registers itself; they import `register_drafter_kind` from here, hence after its definition.
+from .early_exit import EarlyExitDrafter, early_exit_model  # noqa: E402
+from .lora import LoraDrafter  # noqa: E402
+from .prompt_lookup import PromptLookupDrafter, prompt_lookup_candidates  # noqa: E402
 
 
 def _is_peft_model(obj: Any) -> bool:

@@ -1,0 +1,196 @@
+"""LoRA drafters: several peft adapters on one resident base model, one arm per adapter.
+
+Memory for K adapters is one base plus K adapters (the adapters are small), instead of K full drafters. Each arm is a
+`ModelDrafter` with its own KV cache; the only difference is its forward pass, which first activates the arm's
+adapter on the shared base (``set_adapter``, skipped when it is already active). Catch-up and drafting run inside the
+round of the arm the policy selected, so the adapter that is active is always the one of the drafter that runs.
+
+peft is an optional dependency (``pip install hf-metasd[peft]``), imported only when a LoRA drafter is built.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..errors import DrafterCompatibilityError
+from . import register_drafter_kind
+from .model import ModelDrafter
+
+__all__ = ["LoraDrafter", "load_adapters"]
+
+
+def _require_peft() -> Any:
+    try:
+        import peft
+    except ImportError as err:  # pragma: no cover - peft is installed in the test environment
+        raise ImportError(
+            "LoRA drafters need `peft`, but it is not installed. Install it with `pip install hf-metasd[peft]`."
+        ) from err
+    return peft
+
+
+def _is_peft_model(obj: Any) -> bool:
+    return type(obj).__module__.startswith("peft.") and hasattr(obj, "peft_config")
+
+
+@register_drafter_kind
+class LoraDrafter(ModelDrafter):
+    """One adapter of a peft model as one drafter; arms built from the same peft model share its base.
+
+    Build them with `LoraDrafter.from_peft_model` (one drafter per adapter) or pass the peft model itself in
+    ``assistant_models=[...]``, which does the same.
+
+    Args:
+        peft_model: a `peft.PeftModel` whose base is a causal LM sharing the target's vocabulary.
+        adapter_name: the adapter this arm drafts with (one of ``peft_model.peft_config``).
+        name: label (default: the adapter's name).
+        head_token_ids: restrict the LM head to these ids (see `ModelDrafter`).
+
+    Attributes:
+        peft_model: the shared peft model.
+        adapter_name: this arm's adapter.
+        source: where the pool loader found the base and adapter (``None`` for drafters built in memory); used by
+            `DrafterPool.save_pretrained` to save the drafter as a reference.
+
+    Example:
+        >>> import torch
+        >>> from peft import LoraConfig, get_peft_model
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        ...                   num_attention_heads=2, num_key_value_heads=1)
+        >>> _ = torch.manual_seed(0)
+        >>> lora = LoraConfig(r=2, target_modules=["q_proj", "v_proj"])
+        >>> peft_model = get_peft_model(LlamaForCausalLM(cfg), lora, adapter_name="code")
+        >>> peft_model.add_adapter("math", lora)
+        >>> [d.name for d in LoraDrafter.from_peft_model(peft_model)]
+        ['code', 'math']
+    """
+
+    kind = "lora"
+
+    def __init__(
+        self,
+        peft_model: Any,
+        adapter_name: str,
+        *,
+        name: str | None = None,
+        head_token_ids: torch.Tensor | Sequence[int] | None = None,
+    ) -> None:
+        _require_peft()
+        if not _is_peft_model(peft_model):
+            raise TypeError(
+                f"`peft_model` must be a `peft.PeftModel`, but is {type(peft_model).__name__}. "
+                "Wrap the base with `peft.PeftModel.from_pretrained(base, adapter)` or `peft.get_peft_model`."
+            )
+        adapters = sorted(peft_model.peft_config)
+        if adapter_name not in peft_model.peft_config:
+            raise DrafterCompatibilityError(
+                f"`adapter_name` must be one of the peft model's adapters {adapters}, but is {adapter_name!r}. "
+                "Load it first with `peft_model.load_adapter(path, adapter_name=...)`."
+            )
+        if peft_model.peft_config[adapter_name].is_prompt_learning:
+            raise DrafterCompatibilityError(
+                f"adapter {adapter_name!r} must be an adapter injected in the base's layers (LoRA, IA3, ...), but is "
+                f"a prompt-learning adapter ({peft_model.peft_config[adapter_name].peft_type}). Use a LoRA adapter."
+            )
+        self.peft_model = peft_model
+        self.adapter_name = adapter_name
+        self.source: dict[str, Any] | None = None
+        base = peft_model.get_base_model()
+        if head_token_ids is not None:
+            self._check_head_not_adapted(base, name or adapter_name)
+        super().__init__(base, name=name or adapter_name, head_token_ids=head_token_ids)
+
+    @staticmethod
+    def _check_head_not_adapted(base: Any, name: str) -> None:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        if isinstance(base.get_output_embeddings(), BaseTunerLayer):
+            raise DrafterCompatibilityError(
+                f"drafter {name!r} must not adapt its LM head to restrict it with `head_token_ids`, but its adapters "
+                "wrap the LM head. Drop `head_token_ids`, or leave `lm_head` out of the adapters' `target_modules`."
+            )
+
+    @classmethod
+    def from_peft_model(
+        cls,
+        peft_model: Any,
+        *,
+        adapter_names: Sequence[str] | None = None,
+        head_token_ids: torch.Tensor | Sequence[int] | None = None,
+    ) -> list[LoraDrafter]:
+        """One drafter per adapter of `peft_model` (all of them, in loading order, unless `adapter_names` is given).
+
+        The arms share the base and, with `head_token_ids`, one restricted head (gathered once).
+        """
+        _require_peft()
+        if not _is_peft_model(peft_model):
+            raise TypeError(
+                f"`peft_model` must be a `peft.PeftModel`, but is {type(peft_model).__name__}. "
+                "Wrap the base with `peft.PeftModel.from_pretrained(base, adapter)` or `peft.get_peft_model`."
+            )
+        names = list(peft_model.peft_config) if adapter_names is None else list(adapter_names)
+        if not names:
+            raise DrafterCompatibilityError(
+                "`adapter_names` must name at least one adapter, but is empty. Load an adapter into the peft model."
+            )
+        drafters = [cls(peft_model, names[0], head_token_ids=head_token_ids)]
+        for adapter in names[1:]:
+            drafter = cls(peft_model, adapter)
+            if head_token_ids is not None:
+                drafter._share_head(drafters[0])
+            drafters.append(drafter)
+        return drafters
+
+    def _share_head(self, other: ModelDrafter) -> None:
+        """Use `other`'s restricted head rows (same base: same LM head) instead of gathering a copy."""
+        self.head_token_ids = other.head_token_ids
+        self._head_weight = other._head_weight
+        self._head_bias = other._head_bias
+
+    def activate(self) -> None:
+        """Make this arm's adapter the active one on the shared base (no-op when it already is)."""
+        if self.peft_model.active_adapter != self.adapter_name:
+            self.peft_model.set_adapter(self.adapter_name, inference_mode=True)
+
+    def _forward(self, ids: torch.Tensor, num_logits: int) -> torch.Tensor:
+        self.activate()
+        return super()._forward(ids, num_logits)
+
+    def config(self) -> dict[str, Any]:
+        return {"adapter_name": self.adapter_name, **super().config()}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, adapter_name={self.adapter_name!r})"
+
+
+def load_adapters(
+    base_model: Any,
+    adapters: dict[str, str | os.PathLike],
+    *,
+    revision: str | None = None,
+    token: str | bool | None = None,
+) -> Any:
+    """Load the adapters ``{name: folder or Hub repo id}`` onto `base_model`; returns the `peft.PeftModel`.
+
+    The adapters are loaded frozen (inference mode); the base is wrapped in place, as peft does.
+    """
+    peft = _require_peft()
+    if not adapters:
+        raise DrafterCompatibilityError(
+            "`adapters` must hold at least one adapter, but is empty. Pass e.g. `{'code': 'path/to/adapter'}`."
+        )
+    hub_kwargs = {k: v for k, v in {"revision": revision, "token": token}.items() if v is not None}
+    items = list(adapters.items())
+    first_name, first_path = items[0]
+    peft_model = peft.PeftModel.from_pretrained(
+        base_model, str(first_path), adapter_name=first_name, is_trainable=False, **hub_kwargs
+    )
+    for name, path in items[1:]:
+        peft_model.load_adapter(str(path), adapter_name=name, is_trainable=False, **hub_kwargs)
+    peft_model.set_adapter(first_name, inference_mode=True)
+    return peft_model.eval()
