@@ -7,7 +7,7 @@ Importing the package changes nothing in transformers; call `hf_metasd.enable()`
 __version__ = "0.1.0.dev0"
 
 from .candidate_generator import MetaCandidateGenerator
-from .drafters import Drafter, ModelDrafter, as_drafters
+from .drafters import Drafter, EarlyExitDrafter, LoraDrafter, ModelDrafter, PromptLookupDrafter, as_drafters
 from .errors import (
     DrafterCompatibilityError,
     InvalidPoolError,
@@ -34,6 +34,7 @@ from .policies import (
     get_policy,
     register_policy,
 )
+from .pool import DrafterPool, DrafterPoolConfig, DrafterSpec
 from .rewards import REWARDS, RoundFeedback, block_divergence, block_efficiency
 from .stats import MetaSDStats
 
@@ -52,6 +53,12 @@ __all__ = [
     "ThompsonSampling",
     "REWARDS",
     "Drafter",
+    "DrafterPool",
+    "DrafterPoolConfig",
+    "DrafterSpec",
+    "EarlyExitDrafter",
+    "LoraDrafter",
+    "PromptLookupDrafter",
     "DrafterCompatibilityError",
     "InvalidPoolError",
     "MetaCandidateGenerator",

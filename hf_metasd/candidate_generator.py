@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from .drafters import Drafter
+from .drafters import Drafter, unique_names
 from .errors import MetaSDConfigError, PolicyArmError
 from .policies import Policy
 from .rewards import RoundFeedback, block_divergence, get_reward, reward_name
@@ -123,7 +123,7 @@ class MetaCandidateGenerator(CandidateGenerator):
         self._warm_window = 0
         self._warm_logits: dict[int, torch.Tensor] = {}
         self.stats = MetaSDStats(
-            drafter_names=[d.name for d in self.drafters],
+            drafter_names=unique_names(self.drafters),
             policy=policy.name or type(policy).__name__,
             reward=reward_name(reward),
             num_assistant_tokens=num_assistant_tokens,

@@ -21,6 +21,7 @@ __all__ = [
     "prompt_lookup_candidates",
     "register_drafter_kind",
     "target_vocab_size",
+    "unique_names",
 ]
 
 #: kind name -> Drafter subclass (used by pool configs). Each kind module registers itself.
@@ -45,6 +46,26 @@ from .prompt_lookup import PromptLookupDrafter, prompt_lookup_candidates  # noqa
 
 def _is_peft_model(obj: Any) -> bool:
     return type(obj).__module__.startswith("peft.") and hasattr(obj, "peft_config")
+
+
+def unique_names(drafters: Sequence[Drafter]) -> list[str]:
+    """Drafter names for telemetry, with ``#k`` appended to repeated names (the drafters are not modified).
+
+    Example:
+        >>> from hf_metasd.drafters import PromptLookupDrafter
+        >>> unique_names([PromptLookupDrafter(), PromptLookupDrafter(name="pl"), PromptLookupDrafter()])
+        ['prompt_lookup#0', 'pl', 'prompt_lookup#1']
+    """
+    names = [d.name for d in drafters]
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        if names.count(name) > 1:
+            out.append(f"{name}#{seen.get(name, 0)}")
+            seen[name] = seen.get(name, 0) + 1
+        else:
+            out.append(name)
+    return out
 
 
 def as_drafters(assistant_models: Any, target: Any = None) -> list[Drafter]:
@@ -84,12 +105,4 @@ def as_drafters(assistant_models: Any, target: Any = None) -> list[Drafter]:
             "`assistant_models` must hold at least one drafter, but is empty. "
             "Pass e.g. `assistant_models=[drafter]`, or drop it for plain `generate`."
         )
-    names = [d.name for d in drafters]
-    if len(set(names)) != len(names):  # keep telemetry readable: make names unique
-        seen: dict[str, int] = {}
-        for d in drafters:
-            k = seen.get(d.name, 0)
-            seen[d.name] = k + 1
-            if names.count(d.name) > 1:
-                d.name = f"{d.name}#{k}"
     return drafters
