@@ -296,22 +296,23 @@ def alpha(model, examples, head_ids, batch_size: int = 8) -> float:
 
 
 @torch.no_grad()
-def ms_per_token(step, prompt_len: int = 64, warmup: int = 5, calls: int = 30) -> float:
-    """Median ms of one cached single-token step after a ``prompt_len`` prefill (median: the CPU is shared).
+def ms_per_token(steps: dict, prompt_len: int = 64, warmup: int = 5, calls: int = 30) -> dict:
+    """Median ms of one cached single-token step after a ``prompt_len`` prefill, for each ``step`` in ``steps``.
 
-    ``step(ids, cache) -> (token, cache)``.
+    ``step(ids, cache) -> (token, cache)``. The steps are interleaved call by call and the median is taken, so load
+    from other processes on a shared CPU hits every model alike.
     """
     torch.manual_seed(0)
     ids = torch.randint(100, 10000, (1, prompt_len))
-    token, cache = step(ids, None)
-    for _ in range(warmup):
-        token, cache = step(token, cache)
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        token, cache = step(token, cache)
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2] * 1000
+    state = {name: step(ids, None) for name, step in steps.items()}
+    times = {name: [] for name in steps}
+    for call in range(warmup + calls):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            state[name] = step(*state[name])
+            if call >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return {name: sorted(t)[len(t) // 2] * 1000 for name, t in times.items()}
 
 
 def target_step(target):
@@ -328,6 +329,40 @@ def drafter_step(model, head_ids):
         return restricted_logits(model, out.last_hidden_state[:, -1:], head_ids).argmax(-1), out.past_key_values
 
     return step
+
+
+def measure_costs(args, target, target_bf16, head_ids):
+    """ms per token of the targets and of the saved drafters (fp32 / bf16), and the cost ratios c."""
+    from peft import PeftModel
+
+    steps = {}
+    for name, tgt in (("fp32", target), ("bf16", target_bf16)):
+        steps[f"target_{name}_ms"] = target_step(tgt)
+        base = load_drafter_base(tgt, args.out / "base")
+        if base.model.embed_tokens is not tgt.get_input_embeddings():
+            raise RuntimeError("load_drafter_base must share the target's embedding module.")
+        steps[f"drafter_{name}_base_ms"] = drafter_step(base, head_ids)
+        full = load_drafter_base(tgt, args.out / "base")
+        steps[f"drafter_{name}_fullhead_ms"] = drafter_step(full, torch.arange(tgt.config.vocab_size))
+        tasks = args.tasks if name == "bf16" else args.tasks[:1]
+        for task in tasks:
+            lora = load_drafter_base(tgt, args.out / "base")
+            PeftModel.from_pretrained(lora, args.out / "adapters" / task, adapter_name=task)
+            if task == args.tasks[0]:
+                steps[f"drafter_{name}_lora_ms"] = drafter_step(lora, head_ids)
+            merged = load_drafter_base(tgt, args.out / "base")
+            PeftModel.from_pretrained(merged, args.out / "adapters" / task, adapter_name=task).merge_and_unload()
+            steps[f"drafter_{name}_merged_{task}_ms"] = drafter_step(merged, head_ids)
+    costs = ms_per_token(steps)
+    c = {}
+    for task in args.tasks:
+        ms = costs[f"drafter_bf16_merged_{task}_ms"]
+        c[f"{task}_bf16_vs_target_fp32"] = ms / costs["target_fp32_ms"]
+        c[f"{task}_bf16_vs_target_bf16"] = ms / costs["target_bf16_ms"]
+    task = args.tasks[0]
+    c[f"{task}_bf16_unmerged_lora_vs_target_bf16"] = costs["drafter_bf16_lora_ms"] / costs["target_bf16_ms"]
+    c[f"{task}_fp32_vs_target_fp32"] = costs[f"drafter_fp32_merged_{task}_ms"] / costs["target_fp32_ms"]
+    return costs, c
 
 
 def predicted_speedup(a: float, c: float, k: int = 4, verify_cost: float = 1.4) -> float:
@@ -352,15 +387,16 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--val-fraction", type=float, default=0.15)
     p.add_argument("--gen-batch-size", type=int, default=20)
-    p.add_argument("--base-epochs", type=int, default=3)
+    p.add_argument("--base-epochs", type=int, default=10)
     p.add_argument("--base-lr", type=float, default=1e-3)
-    p.add_argument("--adapter-epochs", type=int, default=3)
-    p.add_argument("--adapter-lr", type=float, default=1e-3)
+    p.add_argument("--adapter-epochs", type=int, default=8)
+    p.add_argument("--adapter-lr", type=float, default=2e-3)
     p.add_argument("--lora-r", type=int, default=16)
     p.add_argument("--train-context", type=int, default=192, help="prompt tokens kept per training sequence")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--measure-only", action="store_true", help="re-measure costs of the drafters saved in --out")
     args = p.parse_args(argv)
     if args.quick:
         args.max_prompts_per_task, args.max_new_tokens = (
@@ -376,7 +412,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> dict:
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import LoraConfig, get_peft_model
 
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -390,6 +426,17 @@ def main(argv=None) -> dict:
     target_bf16, _ = load_default_target(torch.bfloat16)
     for m in (target, target_bf16):
         m.requires_grad_(False)
+    if args.measure_only:
+        metrics = json.loads((args.out / "metrics.json").read_text())
+        head_ids = torch.tensor(json.loads((args.out / "head_token_ids.json").read_text()))
+        metrics["cost_ms"], metrics["cost_ratio"] = measure_costs(args, target, target_bf16, head_ids)
+        metrics["predicted_speedup_k4_bf16"] = {
+            t: predicted_speedup(metrics["alpha"][t][t], metrics["cost_ratio"][f"{t}_bf16_vs_target_bf16"])
+            for t in args.tasks
+        }
+        (args.out / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
+        print_report(metrics, args.tasks)
+        return metrics
 
     # 1. distillation data
     data = {}
@@ -482,30 +529,11 @@ def main(argv=None) -> dict:
         peft_model.set_adapter(task)
         rows[task] = {t: alpha(drafter, data[t]["val"], head_ids) for t in args.tasks}
 
-    # 5. cost: reload from disk (checks the artefacts) around each target dtype
-    costs = {}
-    for name, tgt in (("fp32", target), ("bf16", target_bf16)):
-        costs[f"target_{name}_ms"] = ms_per_token(target_step(tgt))
-        base = load_drafter_base(tgt, args.out / "base")
-        assert base.model.embed_tokens is tgt.get_input_embeddings()
-        costs[f"drafter_{name}_base_ms"] = ms_per_token(drafter_step(base, head_ids))
-        full_head = torch.arange(tgt.config.vocab_size)
-        costs[f"drafter_{name}_fullhead_ms"] = ms_per_token(drafter_step(base, full_head))
-        task = args.tasks[0]
-        with_adapter = PeftModel.from_pretrained(base, args.out / "adapters" / task, adapter_name=task)
-        costs[f"drafter_{name}_lora_ms"] = ms_per_token(drafter_step(base, head_ids))
-        with_adapter.merge_and_unload()
-        costs[f"drafter_{name}_lora_merged_ms"] = ms_per_token(drafter_step(base, head_ids))
-    drafter_ms = costs["drafter_bf16_lora_merged_ms"]
-    c = {
-        "drafter_bf16_merged_vs_target_fp32": drafter_ms / costs["target_fp32_ms"],
-        "drafter_bf16_merged_vs_target_bf16": drafter_ms / costs["target_bf16_ms"],
-        "drafter_bf16_lora_vs_target_bf16": costs["drafter_bf16_lora_ms"] / costs["target_bf16_ms"],
-        "drafter_fp32_merged_vs_target_fp32": costs["drafter_fp32_lora_merged_ms"] / costs["target_fp32_ms"],
-    }
+    # 5. cost: rebuilt from the saved artefacts around each target dtype
+    costs, c = measure_costs(args, target, target_bf16, head_ids)
 
     size_mb = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file() and f.name != "metrics.json") / 2**20
-    c_bf16 = c["drafter_bf16_merged_vs_target_bf16"]
+    c_bf16 = {t: c[f"{t}_bf16_vs_target_bf16"] for t in args.tasks}
     metrics = {
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "num_layers": args.num_layers,
@@ -525,7 +553,7 @@ def main(argv=None) -> dict:
         "alpha": rows,
         "cost_ms": costs,
         "cost_ratio": c,
-        "predicted_speedup_k4_bf16": {t: predicted_speedup(rows[t][t], c_bf16) for t in args.tasks},
+        "predicted_speedup_k4_bf16": {t: predicted_speedup(rows[t][t], c_bf16[t]) for t in args.tasks},
         "losses": {"shared_base": base_losses, **adapter_losses},
         "timings_s": {**timings, "total_s": time.time() - clock["start"]},
         "artefacts_mb": size_mb,
@@ -548,10 +576,10 @@ def print_report(m: dict, tasks) -> None:
     print(f"\nL={m['num_layers']}  head={m['head_size']} tokens  val head coverage={m['head_coverage_val']:.3f}")
     print("\ncost (ms per token, cached, 64-token prompt, 2 threads)")
     for k, v in m["cost_ms"].items():
-        print(f"  {k:34s} {v:7.2f}")
+        print(f"  {k:38s} {v:7.2f}")
     print("cost ratio c")
     for k, v in m["cost_ratio"].items():
-        print(f"  {k:34s} {v:7.3f}")
+        print(f"  {k:38s} {v:7.3f}")
     print("\nalpha (rows: drafter, columns: val task; teacher-forced top-1 agreement with the fp32 target)")
     print(f"  {'drafter':15s}" + "".join(f"{short[t]:>9s}" for t in tasks))
     for row, vals in m["alpha"].items():
