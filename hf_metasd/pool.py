@@ -461,8 +461,39 @@ def _check_model_config(config: Any, target: Any, where: str, *, share: bool) ->
         )
 
 
-def _load_base(folder: Path, target: Any, where: str, *, share: bool) -> torch.nn.Module:
-    """A stored base: `config.json` + `model.safetensors` (without the embeddings when `share`)."""
+def _dtype(name: str | None, target: Any, where: str) -> torch.dtype:
+    """`params.dtype` of a model drafter (default: the target's dtype)."""
+    if name is None:
+        return target.dtype
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise InvalidPoolError(
+            f'{where} `params.dtype` must name a torch floating dtype, but is {name!r}. Use e.g. "bfloat16".'
+        )
+    return dtype
+
+
+def _target_embeddings(target: Any, dtype: torch.dtype) -> tuple[torch.nn.Module, torch.nn.Parameter]:
+    """The target's embedding and LM-head weight, shared when `dtype` matches, else cast copies (never saved)."""
+    embedding, head = target.get_input_embeddings(), target.get_output_embeddings().weight
+    if embedding.weight.dtype == dtype:
+        return embedding, head
+    cast = torch.nn.Embedding.from_pretrained(
+        embedding.weight.detach().to(dtype), freeze=True, padding_idx=embedding.padding_idx
+    )
+    tied = head is embedding.weight
+    return cast, cast.weight if tied else torch.nn.Parameter(head.detach().to(dtype), requires_grad=False)
+
+
+def _load_base(
+    folder: Path, target: Any, where: str, *, share: bool, dtype: torch.dtype | None = None
+) -> torch.nn.Module:
+    """A stored base: `config.json` + `model.safetensors` (without the embeddings when `share`).
+
+    With `share`, the target's embedding and LM head are attached (shared; a cast copy when `dtype` differs from the
+    target's, e.g. a bfloat16 drafter for a float32 target).
+    """
+    dtype = dtype or target.dtype
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -477,9 +508,11 @@ def _load_base(folder: Path, target: Any, where: str, *, share: bool) -> torch.n
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config)
     if share:
-        model.set_input_embeddings(target.get_input_embeddings())
-        model.get_output_embeddings().weight = target.get_output_embeddings().weight
-    _, unexpected = model.load_state_dict(load_file(weights), strict=False, assign=True)
+        embedding, head = _target_embeddings(target, dtype)
+        model.set_input_embeddings(embedding)
+        model.get_output_embeddings().weight = head
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in load_file(weights).items()}
+    _, unexpected = model.load_state_dict(state, strict=False, assign=True)
     if not share and getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
     missing = [n for n, p in (*model.named_parameters(), *model.named_buffers()) if p.is_meta]
@@ -488,7 +521,7 @@ def _load_base(folder: Path, target: Any, where: str, *, share: bool) -> torch.n
             f"{where} must find every weight of its model in {str(weights)!r}, but misses {missing[:4]} and has "
             f"unexpected {unexpected[:4]}. Re-save the pool with `store_weights=True`."
         )
-    return model.to(target.device).eval()
+    return model.to(device=target.device, dtype=dtype).eval()
 
 
 def _is_local_reference(path: str) -> bool:
@@ -710,9 +743,11 @@ class DrafterPool(
         return False, path, origin.get("revision")
 
     def _share(self, model: torch.nn.Module, drafter: Drafter) -> bool:
+        loaded_shared = bool(_ORIGINS.get(drafter, {}).get("share_target_embeddings", False))
         if self.target is not None:
-            return _shares_target_embeddings(model, self.target)
-        return bool(_ORIGINS.get(drafter, {}).get("share_target_embeddings", False))
+            # a drafter loaded with a cast copy of the target's embedding (other dtype) still shares it on disk
+            return loaded_shared or _shares_target_embeddings(model, self.target)
+        return loaded_shared
 
     def _plan_head(self, drafter: ModelDrafter, folder: str, writes: list) -> str | None:
         if drafter.head_token_ids is None:
@@ -734,6 +769,7 @@ class DrafterPool(
             writes.append(lambda root, m=model, f=folder, s=share: _write_base(m, root / f, drop_embeddings=s))
             path = folder
         params = {"share_target_embeddings": share, "head_token_ids": self._plan_head(drafter, folder, writes)}
+        params["dtype"] = str(model.dtype).removeprefix("torch.")
         return DrafterSpec("assistant_model", drafter.name, path, revision, store, None, params)
 
     def _plan_lora(self, group, where, store_weights, for_hub, folder_for, stored_bases, writes) -> DrafterSpec:
@@ -770,6 +806,7 @@ class DrafterPool(
         else:
             folder = folder_for("lora", name)
         params["head_token_ids"] = self._plan_head(first, folder, writes)
+        params["dtype"] = str(peft_model.get_base_model().dtype).removeprefix("torch.")
         return DrafterSpec("lora", name, path, revision, store, adapters, params)
 
     def _plan_early_exit(self, drafter, where, store_weights, for_hub, folder_for, writes) -> DrafterSpec:
@@ -1051,10 +1088,11 @@ def _build(
     head = params.pop("head_token_ids", None)
     head_ids = None if head is None else _read_head(pool_root, head, where)
     share = bool(params.pop("share_target_embeddings", False))
+    dtype = _dtype(params.pop("dtype", None), target, where) if spec.kind in MODEL_KINDS else None
     origin = {"stored": spec.stored, "path": spec.path, "revision": spec.revision, "share_target_embeddings": share}
     if spec.kind == "assistant_model":
         drafter = ModelDrafter(
-            _load_model(spec, where, target, pool_root, hub, share), name=spec.name, head_token_ids=head_ids
+            _load_model(spec, where, target, pool_root, hub, share, dtype), name=spec.name, head_token_ids=head_ids
         )
         _ORIGINS[drafter] = origin
         return [drafter]
@@ -1073,7 +1111,7 @@ def _build(
             )
         paths = {a: Path(folder) / adapters_dir / a for a in spec.adapters}
         if key not in bases:
-            base_model = _load_lora_base(Path(folder) / base_dir, spec, where, target, share)
+            base_model = _load_lora_base(Path(folder) / base_dir, spec, where, target, share, dtype)
             bases[key] = load_adapters(base_model, paths)
         else:
             peft_model = bases[key]
@@ -1120,21 +1158,32 @@ def _bad_params(where: str, cls: type, spec: DrafterSpec, err: Exception) -> Inv
     )
 
 
-def _load_model(spec: DrafterSpec, where: str, target: Any, pool_root: Path | None, hub: dict, share: bool) -> Any:
+def _load_model(
+    spec: DrafterSpec,
+    where: str,
+    target: Any,
+    pool_root: Path | None,
+    hub: dict,
+    share: bool,
+    dtype: torch.dtype | None = None,
+) -> Any:
     if spec.stored or share:
-        return _load_base(Path(_resolve(spec, pool_root, where, hub, need_folder=True)), target, where, share=share)
+        folder = Path(_resolve(spec, pool_root, where, hub, need_folder=True))
+        return _load_base(folder, target, where, share=share, dtype=dtype)
     from transformers import AutoConfig, AutoModelForCausalLM
 
     location = _resolve(spec, pool_root, where, hub, need_folder=False)
     revision = {"revision": spec.revision} if spec.revision and not os.path.isdir(location) else {}
     _check_model_config(AutoConfig.from_pretrained(location, **revision, **hub), target, where, share=False)
-    model = AutoModelForCausalLM.from_pretrained(location, dtype=target.dtype, **revision, **hub)
+    model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype or target.dtype, **revision, **hub)
     return model.to(target.device).eval()
 
 
-def _load_lora_base(folder: Path, spec: DrafterSpec, where: str, target: Any, share: bool) -> Any:
+def _load_lora_base(
+    folder: Path, spec: DrafterSpec, where: str, target: Any, share: bool, dtype: torch.dtype | None = None
+) -> Any:
     if share or spec.stored:
-        return _load_base(folder, target, where, share=share)
+        return _load_base(folder, target, where, share=share, dtype=dtype)
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if not (folder / CONFIG_NAME).is_file():
@@ -1143,4 +1192,4 @@ def _load_lora_base(folder: Path, spec: DrafterSpec, where: str, target: Any, sh
             "`params.base`, or re-save the pool with `store_weights=True`."
         )
     _check_model_config(AutoConfig.from_pretrained(folder), target, where, share=False)
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=target.dtype).to(target.device).eval()
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or target.dtype).to(target.device).eval()

@@ -15,6 +15,7 @@ from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
+import hf_metasd
 import hf_metasd.pool as pool_module
 from hf_metasd.drafters import Drafter, EarlyExitDrafter, LoraDrafter, ModelDrafter, PromptLookupDrafter
 from hf_metasd.errors import DrafterCompatibilityError, InvalidPoolError
@@ -489,3 +490,44 @@ def test_unknown_keys_from_a_newer_version_load_with_one_warning(target, saved):
     assert "['speculative_magic', 'drafters[1].warp_factor']" in message and "9.0.0" in message
     assert "Upgrade hf_metasd" in message
     assert len(loaded) == 10
+
+
+def test_bfloat16_drafters_for_a_float32_target(target, tmp_path):
+    """`params.dtype`: a bf16 LoRA base gets a bf16 copy of the target's embedding (never saved); output is lossless."""
+    arms = _lora_arms(target)
+    peft_model = arms[0].peft_model
+    base = peft_model.get_base_model()
+    (tmp_path / "base").mkdir()
+    base.config.save_pretrained(tmp_path / "base")
+    save_file(pool_module._base_state_dict(base, drop_embeddings=True), tmp_path / "base/model.safetensors")
+    for task in TASKS:
+        peft_model.save_pretrained(tmp_path / "adapters", selected_adapters=[task])
+    params = {"base": "base", "adapters_dir": "adapters", "share_target_embeddings": True, "dtype": "bfloat16"}
+    spec = DrafterSpec(kind="lora", name="bf16", path=".", stored=True, adapters=list(TASKS), params=params)
+    DrafterPoolConfig(drafters=[spec], target="tiny-target", num_assistant_tokens=3).save(tmp_path)
+    loaded = DrafterPool.from_pretrained(tmp_path, target=target)
+    model = loaded.drafters[0].peft_model.get_base_model()
+    assert model.dtype == torch.bfloat16 and target.dtype == torch.float32
+    assert model.get_input_embeddings().weight.dtype == torch.bfloat16
+    head = model.get_output_embeddings().weight
+    assert head.dtype == torch.bfloat16 and torch.equal(head, target.lm_head.weight.to(torch.bfloat16))
+    for prompt in PROMPTS[:3]:
+        reference = target.generate(prompt, do_sample=False, max_new_tokens=10)
+        out = target.generate(
+            prompt, do_sample=False, max_new_tokens=10, custom_generate=hf_metasd.generate, assistant_models=loaded
+        )
+        assert torch.equal(out, reference)
+    # re-saving keeps the embedding out of the files and records the dtype
+    loaded.save_pretrained(tmp_path / "again", store_weights=True)
+    config = json.loads((tmp_path / "again/config.json").read_text())
+    assert config["drafters"][0]["params"]["dtype"] == "bfloat16"
+    assert config["drafters"][0]["params"]["share_target_embeddings"] is True
+    saved = load_file(next((tmp_path / "again").rglob("model.safetensors")))
+    assert not any("embed_tokens" in k or "lm_head" in k for k in saved)
+
+
+def test_bad_dtype_is_named(target, tmp_path):
+    spec = DrafterSpec(kind="lora", name="x", path=".", stored=True, adapters=["a"], params={"dtype": "int8"})
+    DrafterPoolConfig(drafters=[spec], target="tiny-target").save(tmp_path)
+    with pytest.raises(InvalidPoolError, match=r"`params.dtype` must name a torch floating dtype, but is 'int8'"):
+        DrafterPool.from_pretrained(tmp_path, target=target)
