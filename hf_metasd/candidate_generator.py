@@ -172,7 +172,6 @@ class MetaCandidateGenerator(CandidateGenerator):
             self.stats.draft_seconds += seconds
         else:
             self.stats.catch_up_seconds += seconds
-        self.stats.catch_up_tokens.append(drafter.last_catch_up_tokens)
 
     def get_candidates(
         self, input_ids: torch.LongTensor, **kwargs: Any
@@ -197,14 +196,25 @@ class MetaCandidateGenerator(CandidateGenerator):
             self.stats.catch_up_tokens.append(0)
             self._pending = _Round(arm, None, None, started, time.perf_counter())
             return input_ids, None
-        self._catch_up(arm, input_ids, warm=first_round and self._warm_window > 0)
-        start = time.perf_counter()
-        tokens, logits = self.drafters[arm].draft(
-            input_ids, num_tokens, logits_processor=self.logits_processor, do_sample=self.do_sample
-        )
-        now = time.perf_counter()
-        self.stats.draft_seconds += now - start
-        self._last_arm = arm
+        for _ in range(len(self.drafters)):
+            self._catch_up(arm, input_ids, warm=first_round and self._warm_window > 0)
+            start = time.perf_counter()
+            tokens, logits = self.drafters[arm].draft(
+                input_ids, num_tokens, logits_processor=self.logits_processor, do_sample=self.do_sample
+            )
+            now = time.perf_counter()
+            self.stats.draft_seconds += now - start
+            self._last_arm = arm
+            if tokens.shape[-1] > 0:
+                break
+            # The drafter had nothing to propose (e.g. no n-gram match): it earned nothing this round. Tell the
+            # policy (reward 0) and let it pick again, so the round is not wasted on a plain target step.
+            self.stats.empty_drafts += 1
+            start = time.perf_counter()
+            self.policy.update(arm, 0.0)
+            self.stats.policy_seconds += time.perf_counter() - start
+            arm = self._select()
+        self.stats.catch_up_tokens.append(self.drafters[arm].last_catch_up_tokens)
         if tokens.shape[-1] == 0:
             self._pending = _Round(arm, None, None, started, now)
             return input_ids, None

@@ -21,7 +21,8 @@ class MetaSDStats:
     target's forward pass and transformers' acceptance step), ``policy_seconds`` (`select` + `update`),
     ``reward_seconds`` (computing the reward), ``warm_start_seconds`` (prompt warm start: drafters' prefill with
     logits on the window, and scoring). ``warm_start_rewards`` maps drafters to their warm-start reward, and
-    ``counterfactual_rewards`` holds one dict per round in full-information mode.
+    ``counterfactual_rewards`` holds one dict per round in full-information mode. ``empty_drafts`` counts drafters
+    that had nothing to propose when picked (they get reward 0 and the policy picks again within the round).
     """
 
     drafter_names: list[str]
@@ -39,6 +40,7 @@ class MetaSDStats:
     policy_seconds: float = 0.0
     reward_seconds: float = 0.0
     warm_start_seconds: float = 0.0
+    empty_drafts: int = 0
     counterfactual_rewards: list[dict[int, float]] = field(default_factory=list)
     counterfactual_accepted: list[dict[int, int]] = field(default_factory=list)
     warm_start_rewards: dict[int, float] = field(default_factory=dict)

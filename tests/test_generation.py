@@ -245,3 +245,27 @@ def test_cost_reward_runs_and_stays_lossless(target, pools, references):
     )
     assert torch.equal(out.sequences, references[0])
     assert all(r is None or 0.0 <= r <= 1.0 for r in out.metasd.rewards)
+
+
+def test_a_drafter_with_nothing_to_propose_gets_zero_and_the_round_is_not_wasted(target, target_copy, references):
+    class Silent(hf_metasd.Drafter):
+        kind = "silent"
+        returns_logits = False
+
+        def draft(self, input_ids, num_tokens, *, logits_processor=None, do_sample=False):
+            return input_ids[:, :0], None
+
+    policy = get_policy("ucb")
+    out = metasd_greedy(
+        target,
+        PROMPTS[0],
+        MAX_NEW,
+        assistant_models=[Silent(), target_copy],
+        meta_policy=policy,
+        return_dict_in_generate=True,
+    )
+    assert torch.equal(out.sequences, references[0])
+    stats = out.metasd
+    assert stats.empty_drafts >= 1 and policy.sums[0] == 0.0 and policy.counts[0] == stats.empty_drafts
+    assert all(arm == 1 for arm in stats.arms)  # every round was drafted by the drafter that had something
+    assert len(stats.catch_up_tokens) == stats.rounds
