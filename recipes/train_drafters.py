@@ -172,25 +172,34 @@ def target_greedy_labels(target, examples: list[dict], batch_size: int = 4) -> N
 
 
 def build_task_data(args, task: str, target_gen, target_ref, tokenizer) -> dict:
-    """Prompts of one task -> cached {'train': [...], 'val': [...]} of {'prompt', 'output', 'label'?} token lists."""
-    cache = args.cache / f"{task}_n{args.max_prompts_per_task}_new{args.max_new_tokens}_seed{args.seed}.pt"
-    if cache.is_file():
-        return torch.load(cache)
+    """Prompts of one task -> {'train': [...], 'val': [...]} of {'prompt', 'output', 'label'?} token lists.
+
+    Prompts are shuffled with ``--seed``; the first ``--val-prompts`` form val, the next ones train. Continuations
+    are cached per prompt in ``--cache``, so a larger ``--max-prompts-per-task`` generates only the new prompts and
+    keeps the same val set.
+    """
+    cache = args.cache / f"{task}_new{args.max_new_tokens}_seed{args.seed}_maxlen{args.max_prompt_tokens}.pt"
+    store = torch.load(cache) if cache.is_file() else {"items": [], "gen_seconds": 0.0}
     prompts = read_prompts(args.data_dir, task)
     random.Random(args.seed).shuffle(prompts)
     ids = [chat_prompt(tokenizer, p)[0].tolist() for p in prompts]
     ids = [x for x in ids if len(x) <= args.max_prompt_tokens][: args.max_prompts_per_task]
-    n_val = max(2, round(args.val_fraction * len(ids)))
-    t0 = time.time()
-    outputs = generate_continuations(
-        target_gen, ids, args.max_new_tokens, args.gen_batch_size, tokenizer.eos_token_id, desc=f"generate {task}"
-    )
-    examples = [{"prompt": p, "output": o} for p, o in zip(ids, outputs) if o]
-    data = {"train": examples[n_val:], "val": examples[:n_val], "gen_seconds": time.time() - t0}
-    target_greedy_labels(target_ref, data["val"])  # exact fp32 reference labels for val alpha
-    data["gen_tokens"] = sum(len(e["output"]) for e in examples)
-    torch.save(data, cache)
-    return data
+    n_val = min(args.val_prompts, len(ids) // 2)
+    new = ids[len(store["items"]) :]
+    if new:
+        t0 = time.time()
+        outputs = generate_continuations(
+            target_gen, new, args.max_new_tokens, args.gen_batch_size, tokenizer.eos_token_id, desc=f"generate {task}"
+        )
+        store["items"] += [{"prompt": p, "output": o} for p, o in zip(new, outputs)]
+        store["gen_seconds"] += time.time() - t0
+    items = [e for e in store["items"][: len(ids)] if e["output"]]
+    unlabelled = [e for e in items[:n_val] if "label" not in e]
+    if unlabelled:
+        target_greedy_labels(target_ref, unlabelled)  # exact fp32 reference labels for val alpha
+    if new or unlabelled:
+        torch.save(store, cache)
+    return {"train": items[n_val:], "val": items[:n_val], "gen_seconds": store["gen_seconds"]}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -382,15 +391,15 @@ def parse_args(argv=None):
     p.add_argument("--cache", type=Path, default=REPO_ROOT / "artifacts" / "distill-cache")
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
     p.add_argument("--num-layers", type=int, default=2, help="drafter depth L (initialised from the target's first L)")
-    p.add_argument("--max-prompts-per-task", type=int, default=64)
+    p.add_argument("--max-prompts-per-task", type=int, default=128)
     p.add_argument("--max-prompt-tokens", type=int, default=768)
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--val-fraction", type=float, default=0.15)
+    p.add_argument("--val-prompts", type=int, default=10, help="held-out prompts per task (the first after shuffling)")
     p.add_argument("--gen-batch-size", type=int, default=20)
-    p.add_argument("--base-epochs", type=int, default=10)
+    p.add_argument("--base-epochs", type=int, default=6)
     p.add_argument("--base-lr", type=float, default=1e-3)
-    p.add_argument("--adapter-epochs", type=int, default=8)
-    p.add_argument("--adapter-lr", type=float, default=2e-3)
+    p.add_argument("--adapter-epochs", type=int, default=4)
+    p.add_argument("--adapter-lr", type=float, default=1e-3)
     p.add_argument("--lora-r", type=int, default=16)
     p.add_argument("--train-context", type=int, default=192, help="prompt tokens kept per training sequence")
     p.add_argument("--batch-size", type=int, default=8)
@@ -404,7 +413,7 @@ def parse_args(argv=None):
             min(args.max_new_tokens, 32),
         )
         args.base_epochs, args.adapter_epochs = 1, 1
-        args.val_fraction = max(args.val_fraction, 0.25)
+        args.val_prompts = min(args.val_prompts, 6)
         args.cache = args.cache.with_name(args.cache.name + "-quick")
         if args.out == REPO_ROOT / "artifacts" / "smollm2-drafters":
             args.out = args.out.with_name("smollm2-drafters-quick")
