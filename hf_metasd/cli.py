@@ -89,7 +89,7 @@ def bench(args: argparse.Namespace) -> int:
     target, tokenizer = _load(args.dtype, args.threads)
     pool = default_pool(target, args.pool)
     drafters = pool.drafters
-    per_task = args.per_task if args.per_task is not None else (1 if args.quick else 4)
+    per_task = args.per_task if args.per_task is not None else (1 if args.quick else 3)
     max_new = args.max_new_tokens if args.max_new_tokens is not None else (48 if args.quick else 64)
     prompts = load_bench_prompts(tuple(args.tasks or BENCH_TASKS), per_task=per_task)
     if args.mixed:
