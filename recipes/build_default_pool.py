@@ -5,12 +5,14 @@ Input: the folder written by `recipes/train_drafters.py` (`base/` without embedd
 
 * one LoRA arm per task (`mt_bench`, `translation`, `summarization`, `qa`, `math_reasoning`, `rag`, `code`) on one
   shared 2-layer base in bfloat16 that borrows the target's embedding and restricts its LM head,
+* the shared base alone (`general`),
 * prompt lookup (model-free),
 * early-exit self-drafting from the target's first `--early-exit-layers` layers (same restricted head).
 
 The pool is loaded back, checked to be lossless on a few benchmark prompts, and its size is printed.
 
-    python recipes/build_default_pool.py --drafters artifacts/smollm2-drafters
+    python recipes/train_drafters.py --max-prompts-per-task 256 --out artifacts/smollm2-drafters-256
+    python recipes/build_default_pool.py --drafters artifacts/smollm2-drafters-256
 """
 
 from __future__ import annotations
@@ -34,9 +36,21 @@ def folder_size_mb(folder: Path) -> float:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20
 
 
+def dedupe_general(out: Path) -> None:
+    """`general` is the LoRA arms' base: point its entry at that folder instead of storing the weights twice."""
+    config_path = out / "config.json"
+    config = json.loads(config_path.read_text())
+    lora = next(d for d in config["drafters"] if d["kind"] == "lora")
+    general = next(d for d in config["drafters"] if d["name"] == "general")
+    shutil.rmtree(out / general["path"])
+    general["path"] = f"{lora['path']}/{lora['params']['base']}"
+    general["params"]["head_token_ids"] = lora["params"]["head_token_ids"]
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--drafters", default="artifacts/smollm2-drafters", help="output of train_drafters.py")
+    parser.add_argument("--drafters", default="artifacts/smollm2-drafters-256", help="output of train_drafters.py")
     parser.add_argument("--out", default=str(embedded_pool_path()))
     parser.add_argument("--num-assistant-tokens", type=int, default=4)
     parser.add_argument("--early-exit-layers", type=int, default=4)
@@ -67,6 +81,15 @@ def main() -> None:
                     "dtype": args.dtype,
                 },
             ),
+            # the shared base alone: at this data size it agrees with the target as well as any task adapter, and it
+            # runs without the LoRA overhead
+            DrafterSpec(
+                kind="assistant_model",
+                name="general",
+                path="base",
+                stored=True,
+                params={"head_token_ids": head, "share_target_embeddings": True, "dtype": args.dtype},
+            ),
             DrafterSpec(kind="prompt_lookup", name="prompt_lookup", params={"max_matching_ngram_size": 2}),
             DrafterSpec(
                 kind="early_exit",
@@ -86,6 +109,7 @@ def main() -> None:
         if out.exists():
             shutil.rmtree(out)
         pool.save_pretrained(out, store_weights=True)
+    dedupe_general(out)
 
     pool = DrafterPool.from_pretrained(out, target=target)
     print(repr(pool))

@@ -28,7 +28,7 @@ def test_embedded_pool_is_shipped_and_loads(real):
     assert embedded_pool_path().joinpath("config.json").is_file()
     names = [d.name for d in pool.drafters]
     assert names[:7] == ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag", "code"]
-    assert {d.kind for d in pool.drafters} == {"lora", "prompt_lookup", "early_exit"}
+    assert {d.kind for d in pool.drafters} == {"lora", "assistant_model", "prompt_lookup", "early_exit"}
 
 
 @pytest.mark.parametrize("policy", ["ucb", "thompson", "successive_halving"])
