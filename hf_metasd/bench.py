@@ -114,12 +114,16 @@ def build_methods(
     *,
     num_assistant_tokens: int = 5,
     policies: Sequence[tuple] = DEFAULT_POLICIES,
-    transformers_baselines: bool = True,
+    transformers_baselines: bool | str = "kinds",
     fixed_baselines: bool = True,
     oracle: bool = True,
     stream_policy: bool = False,
 ) -> list[Method]:
-    """The methods of a benchmark run over `drafters` (see the module docstring)."""
+    """The methods of a benchmark run over `drafters` (see the module docstring).
+
+    `transformers_baselines`: stock assisted generation with ``"all"`` drafters, the first drafter of each kind
+    (``"kinds"``, default: LoRA arms of one base differ only by their adapter) or ``"none"``.
+    """
     names = [d.name for d in drafters]
     pool = list(drafters)
     n = num_assistant_tokens
@@ -134,8 +138,18 @@ def build_methods(
         }
 
     methods = [Method("autoregressive", "autoregressive", lambda prompt: {})]
-    if transformers_baselines:
-        for drafter in drafters:
+    if transformers_baselines is True or transformers_baselines == "all":
+        baseline_drafters = list(drafters)
+    elif transformers_baselines == "kinds":  # the first drafter of each kind (LoRA arms: the first adapter)
+        baseline_drafters = list({d.kind: d for d in reversed(drafters)}.values())[::-1]
+    elif transformers_baselines in (False, "none"):
+        baseline_drafters = []
+    else:
+        raise ValueError(
+            f"`transformers_baselines` must be 'all', 'kinds' or 'none', but is {transformers_baselines!r}. Pick one."
+        )
+    if baseline_drafters:
+        for drafter in baseline_drafters:
             kwargs = transformers_assisted_kwargs(drafter, n)
             if kwargs is not None:
                 methods.append(Method(f"hf-assisted[{drafter.name}]", "transformers", lambda prompt, k=kwargs: k))

@@ -167,9 +167,13 @@ class MetaCandidateGenerator(CandidateGenerator):
             drafter.catch_up(input_ids)
         seconds = time.perf_counter() - start
         # A drafter that also drafted the previous round only ingests the accepted + bonus tokens: that is ordinary
-        # drafting cost. Anything else (first use, or rounds missed while others drafted) is the cost of switching.
+        # drafting cost. Its first ingest of the sequence is its prompt prefill (any drafter pays it, alone or in a
+        # pool). Anything else (rounds missed while others drafted) is the cost of switching: catch-up.
         if self._last_arm == arm:
             self.stats.draft_seconds += seconds
+        elif arm not in self._seen:
+            self._seen.add(arm)
+            self.stats.prefill_seconds += seconds
         else:
             self.stats.catch_up_seconds += seconds
 
@@ -243,6 +247,7 @@ class MetaCandidateGenerator(CandidateGenerator):
                 if full is None or full.shape[1] < window:
                     continue
                 drafted = full[0, :window]
+            self._seen.add(arm)  # its prompt prefill happened here (timed as warm start)
             rewards[arm] = block_divergence(target, tokens, drafted.to(target.device))
         for arm, reward in rewards.items():
             self.policy.update(arm, reward)

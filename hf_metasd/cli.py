@@ -97,7 +97,7 @@ def bench(args: argparse.Namespace) -> int:
     methods = build_methods(
         drafters,
         num_assistant_tokens=pool.num_assistant_tokens,
-        transformers_baselines=not args.quick,
+        transformers_baselines="none" if args.quick else args.hf_assisted,
         fixed_baselines=not args.quick,
         stream_policy=args.mixed,
         policies=DEFAULT_POLICIES if not args.quick else DEFAULT_POLICIES[:2],
@@ -145,6 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="1 prompt per task, fewer methods (minutes)")
     p.add_argument("--mixed", action="store_true", help="interleave tasks; adds a policy that learns over the stream")
     p.add_argument("--per-task", type=int, default=None)
+    p.add_argument(
+        "--hf-assisted",
+        default="kinds",
+        choices=["all", "kinds", "none"],
+        help="transformers' assisted generation per drafter: all, one per drafter kind (default), none",
+    )
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--tasks", nargs="*", default=None)
     p.add_argument("--out", default="bench_results")

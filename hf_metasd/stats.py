@@ -16,8 +16,9 @@ class MetaSDStats:
     number of tokens it drafted, ``accepted[r]`` how many the target accepted, ``rewards[r]`` the reward given to the
     policy (``None`` when nothing was drafted, e.g. at the length limit, and the policy was not updated).
 
-    Seconds: ``draft_seconds`` (drafters' single-token steps), ``catch_up_seconds`` (drafters ingesting tokens they
-    had not seen, including their prompt prefill), ``verify_seconds`` (from the end of drafting to the reward: the
+    Seconds: ``draft_seconds`` (drafters' single-token steps), ``prefill_seconds`` (each drafter's first ingest of
+    the sequence: its prompt prefill), ``catch_up_seconds`` (drafters ingesting tokens they missed while other
+    drafters drafted: the price of switching), ``verify_seconds`` (from the end of drafting to the reward: the
     target's forward pass and transformers' acceptance step), ``policy_seconds`` (`select` + `update`),
     ``reward_seconds`` (computing the reward), ``warm_start_seconds`` (prompt warm start: drafters' prefill with
     logits on the window, and scoring). ``warm_start_rewards`` maps drafters to their warm-start reward, and
@@ -35,6 +36,7 @@ class MetaSDStats:
     rewards: list[float | None] = field(default_factory=list)
     catch_up_tokens: list[int] = field(default_factory=list)
     draft_seconds: float = 0.0
+    prefill_seconds: float = 0.0
     catch_up_seconds: float = 0.0
     verify_seconds: float = 0.0
     policy_seconds: float = 0.0
@@ -70,9 +72,10 @@ class MetaSDStats:
 
     @property
     def total_seconds(self) -> float:
-        """Sum of the measured parts (drafting, catch-up, verification, policy, reward, warm start)."""
+        """Sum of the measured parts (drafting, prefill, catch-up, verification, policy, reward, warm start)."""
         return (
             self.draft_seconds
+            + self.prefill_seconds
             + self.catch_up_seconds
             + self.verify_seconds
             + self.policy_seconds
@@ -117,7 +120,7 @@ class MetaSDStats:
             "  time: "
             + ", ".join(
                 f"{k}={getattr(self, k + '_seconds'):.3f}s ({100 * getattr(self, k + '_seconds') / total:.1f}%)"
-                for k in ("draft", "catch_up", "verify", "policy", "reward")
+                for k in ("draft", "prefill", "catch_up", "verify", "policy", "reward")
             )
         )
         return "\n".join(lines)

@@ -25,7 +25,7 @@ def bench_setup(target, drafters, target_copy):
 
 def test_methods_cover_the_baselines(bench_setup):
     pool, _, _ = bench_setup
-    names = [m.name for m in build_methods(pool, stream_policy=True)]
+    names = [m.name for m in build_methods(pool, stream_policy=True, transformers_baselines="all")]
     assert names[0] == "autoregressive"
     assert {"hf-assisted[qa]", "hf-assisted[rag]", "fixed[qa]", "fixed[rag]", "ucb-bd", "ucb-be"} <= set(names)
     assert {"exp3", "successive_halving", "thompson", "random", "ucb-bd (stream)"} <= set(names)
@@ -34,7 +34,7 @@ def test_methods_cover_the_baselines(bench_setup):
 
 def test_run_and_report(bench_setup, target, tmp_path):
     pool, prompts, encode = bench_setup
-    methods = build_methods(pool, num_assistant_tokens=3)
+    methods = build_methods(pool, num_assistant_tokens=3, transformers_baselines="all")
     records = run_bench(target, None, prompts, methods, max_new_tokens=10, progress=False, encode=encode)
     assert len(records) == len(prompts) * len(methods)
     assert all(r.identical for r in records), [(r.method, r.prompt_id) for r in records if not r.identical]
@@ -62,3 +62,12 @@ def test_oracle_needs_task_named_drafters(bench_setup, target):
         run_bench(
             target, None, [BenchPrompt("code", "c", "0")], methods, max_new_tokens=3, progress=False, encode=encode
         )
+
+
+def test_transformers_baselines_one_per_kind(bench_setup):
+    pool, _, _ = bench_setup
+    kinds = [m.name for m in build_methods(pool) if m.kind == "transformers"]
+    assert kinds == ["hf-assisted[qa]"]  # both drafters are assistant models: the first one stands for the kind
+    assert not [m for m in build_methods(pool, transformers_baselines="none") if m.kind == "transformers"]
+    with pytest.raises(ValueError, match=r"`transformers_baselines` must be 'all', 'kinds' or 'none', but is 'some'"):
+        build_methods(pool, transformers_baselines="some")
