@@ -52,6 +52,10 @@ DEFAULT_POLICIES = (
 )
 
 
+#: Parts of a MetaSD call's wall time recorded per run (see `MetaSDStats`).
+TIME_PARTS = ("draft", "prefill", "catch_up", "verify", "policy", "reward", "warm_start")
+
+
 @dataclass
 class Method:
     """One way to generate: `kind` is ``"autoregressive"``, ``"transformers"`` or ``"metasd"``.
@@ -77,6 +81,7 @@ class BenchRecord:
     identical: bool
     arms: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
+    time_split: dict[str, float] = field(default_factory=dict)
 
 
 def transformers_assisted_kwargs(drafter: Drafter, num_assistant_tokens: int) -> dict[str, Any] | None:
@@ -233,6 +238,7 @@ def run_bench(
                         identical=bool(torch.equal(sequences, reference)),
                         arms=list(stats.arms) if stats is not None else [],
                         accepted=list(stats.accepted) if stats is not None else [],
+                        time_split={k: getattr(stats, f"{k}_seconds") for k in TIME_PARTS} if stats else {},
                     )
                 )
                 bar.update(1)
@@ -256,6 +262,10 @@ def _aggregate(records: list[BenchRecord], baseline: dict[str, float], names: li
         "speedup": base / seconds if seconds else 0.0,
         "identical": sum(r.identical for r in records) / len(records),
     }
+    if any(r.time_split for r in records):
+        split = {k: sum(r.time_split.get(k, 0.0) for r in records) for k in TIME_PARTS}
+        split["other"] = seconds - sum(split.values())  # transformers' loop outside the timed parts, generate setup
+        out["ms_per_token"] = {k: 1000 * v / tokens for k, v in split.items()} if tokens else {}
     rounds = [(r.task, a) for r in records for a in r.arms]
     if rounds and any(task in names for task, _ in rounds):
         out["best_arm_ratio"] = sum(1 for task, a in rounds if task in names and names[a] == task) / len(rounds)
@@ -324,6 +334,30 @@ def _markdown(summary: dict[str, Any], tasks: list[str]) -> str:
             + f" | {overall['speedup']:.2f} | {overall['mean_accepted_tokens']:.2f} | {overall['tokens_per_second']:.1f}"
             + f" | {'–' if best is None else f'{best:.2f}'} | {overall['identical']:.2f} |"
         )
+    auto = summary.get("autoregressive")
+    focus = [m for m in ("ucb-bd", "oracle") if m in summary]
+    if auto and focus:
+        parts = [*TIME_PARTS, "other"]
+        lines += [
+            "",
+            "Where the time goes (ms per generated token; autoregressive = its whole cost per token).",
+            "",
+            "| method | task | autoregressive | total | " + " | ".join(parts) + " | τ |",
+            "|" + "---|" * (len(parts) + 5),
+        ]
+        for method in focus:
+            for task in [*tasks, "overall"]:
+                entry = summary[method].get(task)
+                if not entry or "ms_per_token" not in entry:
+                    continue
+                base = auto[task]
+                ms = entry["ms_per_token"]
+                lines.append(
+                    f"| {method} | {task} | {1000 * base['seconds'] / base['new_tokens']:.1f} | "
+                    f"{1000 * entry['seconds'] / entry['new_tokens']:.1f} | "
+                    + " | ".join(f"{ms[p]:.1f}" for p in parts)
+                    + f" | {entry['mean_accepted_tokens']:.2f} |"
+                )
     return "\n".join(lines) + "\n"
 
 

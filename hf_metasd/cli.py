@@ -96,7 +96,7 @@ def bench(args: argparse.Namespace) -> int:
         prompts = mixed_stream(prompts)
     methods = build_methods(
         drafters,
-        num_assistant_tokens=pool.num_assistant_tokens,
+        num_assistant_tokens=args.num_assistant_tokens or pool.num_assistant_tokens,
         transformers_baselines="none" if args.quick else args.hf_assisted,
         fixed_baselines=not args.quick,
         stream_policy=args.mixed,
@@ -145,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="1 prompt per task, fewer methods (minutes)")
     p.add_argument("--mixed", action="store_true", help="interleave tasks; adds a policy that learns over the stream")
     p.add_argument("--per-task", type=int, default=None)
+    p.add_argument("--num-assistant-tokens", type=int, default=None, help="draft length (default: the pool's)")
     p.add_argument(
         "--hf-assisted",
         default="kinds",
