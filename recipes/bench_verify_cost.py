@@ -1,0 +1,54 @@
+"""Cost of one target forward pass with a KV cache, by number of new tokens (the verification of N drafted tokens
+feeds N + 1): median of repeated runs after a 64-token prefill, SmolLM2-135M-Instruct, fp32, 2 threads.
+
+On the 2-core CPU used for the benchmark, 2 and 3 tokens cost far more than 4-6 (kernel choice for tiny matrix
+shapes), so a draft length N = 4 (5 tokens verified) is cheaper to verify than N = 1 or 2. The printed table is what
+`num_assistant_tokens` should be chosen from on a given machine.
+
+    python recipes/bench_verify_cost.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from transformers import DynamicCache
+
+from hf_metasd.offline import load_default_target
+
+
+def forward_ms(model, prompt: torch.Tensor, num_tokens: int, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
+            new = torch.randint(100, 1000, (1, num_tokens))
+            start = time.perf_counter()
+            model(input_ids=new, cache=cache, use_cache=True, logits_to_keep=num_tokens)
+            times.append(time.perf_counter() - start)
+    times.sort()
+    return 1000 * times[len(times) // 2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, nargs="*", default=[1, 2, 3, 4, 5, 6, 7, 8, 9, 11])
+    parser.add_argument("--reps", type=int, default=12)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model, _ = load_default_target(getattr(torch, args.dtype))
+    prompt = torch.randint(100, 1000, (1, 64))
+    base = forward_ms(model, prompt, 1, args.reps)
+    print("new tokens | ms per forward | x one token")
+    for n in args.tokens:
+        ms = base if n == 1 else forward_ms(model, prompt, n, args.reps)
+        print(f"{n:>10} | {ms:>14.1f} | {ms / base:>11.2f}")
+
+
+if __name__ == "__main__":
+    main()
