@@ -7,14 +7,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._validation import check_real
-from .base import Policy
 from .registry import register_policy
+from .ucb import UCB
 
 __all__ = ["DiscountedUCB"]
 
 
 @register_policy
-class DiscountedUCB(Policy):
+class DiscountedUCB(UCB):
     r"""Discounted UCB (D-UCB, Garivier & Moulines, 2011), with MetaSD-UCB's bonus.
 
     After every round, all drafters' statistics fade by :math:`\gamma` and the drafter *a* that drafted adds its
@@ -54,14 +54,14 @@ class DiscountedUCB(Policy):
         [2.2735, 0.9005]
     """
 
+    beta_hint = "Use 0.25."
     name = "discounted_ucb"
 
     def __init__(self, gamma: float = 0.998, beta: float = 0.25, *, seed: int | None = None) -> None:
-        super().__init__(seed=seed)
+        super().__init__(beta=beta, seed=seed)
         self.gamma = check_real(
             "gamma", gamma, low=0.0, high=1.0, low_open=True, hint="Use 0.998 (an effective memory of ~500 rounds)."
         )
-        self.beta = check_real("beta", beta, low=0.0, hint="Use 0.25.")
         self.discounted_counts: list[float] = []
         self.discounted_sums: list[float] = []
 
@@ -87,13 +87,6 @@ class DiscountedUCB(Policy):
             s / c + self.beta * math.sqrt(2.0 * log_n / c) if c > 0.0 else math.inf
             for s, c in zip(self.discounted_sums, self.discounted_counts)
         ]
-
-    def select(self) -> int:
-        self._check_ready()
-        untried = self._first_untried()
-        if untried is not None:
-            return untried
-        return self._argmax(self.scores())
 
     def config(self) -> dict[str, Any]:
         return {"gamma": self.gamma, "beta": self.beta, "seed": self.seed}

@@ -7,15 +7,15 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from ._validation import check_int, check_real
-from .base import Policy
+from ._validation import check_int
 from .registry import register_policy
+from .ucb import UCB
 
 __all__ = ["SlidingWindowUCB"]
 
 
 @register_policy
-class SlidingWindowUCB(Policy):
+class SlidingWindowUCB(UCB):
     r"""Sliding-window UCB (SW-UCB, Garivier & Moulines, 2011), with MetaSD-UCB's bonus.
 
     Only the last *W* rounds count. With :math:`N_i(W)` the number of those rounds drafted by drafter *i* and
@@ -49,12 +49,12 @@ class SlidingWindowUCB(Policy):
         ([0, 2], 0)
     """
 
+    beta_hint = "Use 0.25."
     name = "sliding_window_ucb"
 
     def __init__(self, window: int = 500, beta: float = 0.25, *, seed: int | None = None) -> None:
-        super().__init__(seed=seed)
+        super().__init__(beta=beta, seed=seed)
         self.window = check_int("window", window, low=1, hint="Use 500 (rounds remembered).")
-        self.beta = check_real("beta", beta, low=0.0, hint="Use 0.25.")
         self.history: deque[tuple[int, float]] = deque(maxlen=self.window)
         self._wcounts: list[int] = []
         self._wsums: list[float] = []
@@ -101,13 +101,6 @@ class SlidingWindowUCB(Policy):
             s / n + self.beta * math.sqrt(2.0 * log_h / n) if n else math.inf
             for s, n in zip(self.window_sums(), self.window_counts())
         ]
-
-    def select(self) -> int:
-        self._check_ready()
-        untried = self._first_untried()
-        if untried is not None:
-            return untried
-        return self._argmax(self.scores())
 
     def config(self) -> dict[str, Any]:
         return {"window": self.window, "beta": self.beta, "seed": self.seed}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ._validation import check_real
 from .base import Policy
 from .registry import register_policy
 
@@ -37,15 +38,15 @@ class UCB(Policy):
     """
 
     name = "ucb"
+    #: How the `beta` error message suggests a value (subclasses with another default override it).
+    beta_hint = "Use 1.0 (the paper's default)."
 
     def __init__(self, beta: float = 1.0, *, seed: int | None = None) -> None:
         super().__init__(seed=seed)
-        if not isinstance(beta, (int, float)) or isinstance(beta, bool) or not math.isfinite(beta) or beta < 0:
-            raise ValueError(f"`beta` must be a finite float >= 0, but is {beta!r}. Use 1.0 (the paper's default).")
-        self.beta = float(beta)
+        self.beta = check_real("beta", beta, low=0.0, hint=self.beta_hint)
 
     def scores(self) -> list[float]:
-        """The UCB index of every arm (``inf`` for arms never pulled)."""
+        """The UCB index of every arm (``inf`` for arms never pulled); variants override it, `select` stays."""
         self._check_ready()
         log_t = math.log(self.t) if self.t > 0 else 0.0
         return [
