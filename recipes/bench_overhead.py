@@ -4,7 +4,8 @@
    assisted generation (`assistant_model=`) with the same drafter, the same prompts, the same draft length (constant
    schedule, confidence-based early stop off so both draft exactly `N` tokens), greedy; ratio < 1 means MetaSD is
    faster. Plain `generate` is timed too, for the speedups.
-2. Three drafters (UCB with BD): share of wall time spent in selection (policy), reward and catch-up.
+2. Three drafters (UCB with BD): share of wall time spent in selection (policy), reward and catch-up (ingesting
+   tokens a drafter missed while others drafted; each drafter's prompt prefill is reported apart).
 
 The target is the embedded default (SmolLM2-135M-Instruct, `hf_metasd.offline`); drafters are its first k layers
 copied into separate small models (real weights, low acceptance: this measures machinery, not drafter quality).
@@ -47,9 +48,9 @@ def truncated_copy(target, num_layers: int):
     return model.eval()
 
 
-def timed(fn):
+def timed(fn, *args, **kwargs):
     start = time.perf_counter()
-    out = fn()
+    out = fn(*args, **kwargs)
     return out, time.perf_counter() - start
 
 
@@ -78,28 +79,16 @@ def main() -> None:
     target.generate(warm, custom_generate=hf_metasd.generate, assistant_models=[single], **common)
     for prompt in tqdm(prompts, desc="prompts"):
         ids = chat_prompt(tokenizer, prompt.text)
-        reference, t = timed(lambda: target.generate(ids, **common))
+        reference, t = timed(target.generate, ids, **common)
         times["plain"].append(t)
-        out, t = timed(lambda: target.generate(ids, assistant_model=single, num_assistant_tokens=n, **common))
+        out, t = timed(target.generate, ids, assistant_model=single, num_assistant_tokens=n, **common)
         times["transformers_assisted"].append(t)
         assert torch.equal(out, reference), "transformers' assisted generation changed the output"
-        out, t = timed(
-            lambda: target.generate(
-                ids, custom_generate=hf_metasd.generate, assistant_models=[single], num_assistant_tokens=n, **common
-            )
-        )
+        metasd = {"custom_generate": hf_metasd.generate, "num_assistant_tokens": n, **common}
+        out, t = timed(target.generate, ids, assistant_models=[single], **metasd)
         times["metasd_1"].append(t)
         assert torch.equal(out, reference), "MetaSD (1 drafter) changed the output"
-        out, t = timed(
-            lambda: target.generate(
-                ids,
-                custom_generate=hf_metasd.generate,
-                assistant_models=drafters,
-                num_assistant_tokens=n,
-                return_dict_in_generate=True,
-                **common,
-            )
-        )
+        out, t = timed(target.generate, ids, assistant_models=drafters, return_dict_in_generate=True, **metasd)
         times["metasd_3"].append(t)
         assert torch.equal(out.sequences, reference), "MetaSD (3 drafters) changed the output"
         stats3.append(out.metasd)
@@ -109,6 +98,7 @@ def main() -> None:
     policy = sum(s.policy_seconds for s in stats3)
     reward = sum(s.reward_seconds for s in stats3)
     catch_up = sum(s.catch_up_seconds for s in stats3)
+    prefill = sum(s.prefill_seconds for s in stats3)
     result = {
         "machine": f"{platform.machine()} {platform.processor() or ''} torch {torch.__version__} threads {args.threads}",
         "target": "SmolLM2-135M-Instruct fp32",
@@ -128,6 +118,7 @@ def main() -> None:
             "catch_up": catch_up / wall3,
             "policy+reward": (policy + reward) / wall3,
             "policy+reward+catch_up": (policy + reward + catch_up) / wall3,
+            "drafters_prompt_prefill": prefill / wall3,
         },
         "metasd_3_pulls": [sum(s.pulls[i] for s in stats3) for i in range(len(drafters))],
         "all_outputs_identical_to_plain_greedy": True,
