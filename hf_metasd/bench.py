@@ -384,7 +384,7 @@ def _plots(
     width = 0.8 / max(1, len(methods))
     for j, method in enumerate(methods):
         values = [summary[method].get(t, {}).get("speedup", 0.0) for t in [*tasks, "overall"]]
-        ax.bar([i + j * width for i in range(len(tasks) + 1)], values, width, label=method)
+        ax.bar([i + j * width for i in range(len(tasks) + 1)], values, width, label=method, color=plt.cm.tab20(j % 20))
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(tasks) + 1)], [*tasks, "overall"], rotation=20)
     ax.set_ylabel("speedup vs autoregressive")
