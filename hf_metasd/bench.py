@@ -82,6 +82,7 @@ class BenchRecord:
     arms: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
     time_split: dict[str, float] = field(default_factory=dict)
+    trace: list[dict] = field(default_factory=list)
 
 
 def transformers_assisted_kwargs(drafter: Drafter, num_assistant_tokens: int) -> dict[str, Any] | None:
@@ -123,10 +124,12 @@ def build_methods(
     fixed_baselines: bool = True,
     oracle: bool = True,
     stream_policy: bool = False,
+    full_information: bool = False,
 ) -> list[Method]:
     """The methods of a benchmark run over `drafters` (see the module docstring).
 
-    `transformers_baselines`: stock assisted generation with ``"all"`` drafters, the first drafter of each kind
+    `full_information` adds Hedge fed with every drafter's reward each round; its per-round rewards are saved as
+    traces (`traces.json`) that `hf_metasd.simulate.replay` reads. `transformers_baselines`: stock assisted generation with ``"all"`` drafters, the first drafter of each kind
     (``"kinds"``, default: LoRA arms of one base differ only by their adapter) or ``"none"``.
     """
     names = [d.name for d in drafters]
@@ -177,6 +180,8 @@ def build_methods(
     for method_name, policy, reward, *extra in policies:
         kwargs = extra[0] if extra else {}
         methods.append(Method(method_name, "metasd", metasd(meta_policy=policy, meta_reward=reward, **kwargs)))
+    if full_information:  # every drafter scored every round: traces for `hf_metasd.simulate.replay`
+        methods.append(Method("hedge (full info)", "metasd", metasd(meta_policy="hedge", meta_full_information=True)))
     if stream_policy:
         shared = get_policy("ucb")
         methods.append(Method("ucb-bd (stream)", "metasd", metasd(meta_policy=shared, meta_reward="bd")))
@@ -239,6 +244,7 @@ def run_bench(
                         arms=list(stats.arms) if stats is not None else [],
                         accepted=list(stats.accepted) if stats is not None else [],
                         time_split={k: getattr(stats, f"{k}_seconds") for k in TIME_PARTS} if stats else {},
+                        trace=stats.to_trace() if stats is not None and stats.counterfactual_rewards else [],
                     )
                 )
                 bar.update(1)
@@ -433,5 +439,8 @@ def write_report(
     }
     (out / "results.json").write_text(json.dumps(report, indent=2, sort_keys=True))
     (out / "results.md").write_text(_markdown(summary, tasks))
+    traces = {f"{r.method}|{r.prompt_id}": r.trace for r in records if r.trace}
+    if traces:  # replay with `hf_metasd.simulate.replay(policy, traces[key])`
+        (out / "traces.json").write_text(json.dumps(traces))
     report["plots"] = _plots(summary, records, names, tasks, out)
     return report

@@ -100,6 +100,7 @@ def bench(args: argparse.Namespace) -> int:
         transformers_baselines="none" if args.quick else args.hf_assisted,
         fixed_baselines=not args.quick,
         stream_policy=args.mixed,
+        full_information=args.full_information,
         policies=DEFAULT_POLICIES if not args.quick else DEFAULT_POLICIES[:2],
     )
     print(f"bench: {len(prompts)} prompts x {len(methods)} methods, max_new_tokens={max_new}, pool={pool!r}")
@@ -145,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="1 prompt per task, fewer methods (minutes)")
     p.add_argument("--mixed", action="store_true", help="interleave tasks; adds a policy that learns over the stream")
     p.add_argument("--per-task", type=int, default=None)
+    p.add_argument(
+        "--full-information",
+        action="store_true",
+        help="add Hedge with every drafter scored each round, and save those rewards as traces.json for replay",
+    )
     p.add_argument("--num-assistant-tokens", type=int, default=None, help="draft length (default: the pool's)")
     p.add_argument(
         "--hf-assisted",

@@ -71,3 +71,19 @@ def test_transformers_baselines_one_per_kind(bench_setup):
     assert not [m for m in build_methods(pool, transformers_baselines="none") if m.kind == "transformers"]
     with pytest.raises(ValueError, match=r"`transformers_baselines` must be 'all', 'kinds' or 'none', but is 'some'"):
         build_methods(pool, transformers_baselines="some")
+
+
+def test_full_information_traces_are_saved_and_replay(bench_setup, target, tmp_path):
+    from hf_metasd.simulate import replay
+
+    pool, prompts, encode = bench_setup
+    methods = [
+        m for m in build_methods(pool, full_information=True) if m.name in ("autoregressive", "hedge (full info)")
+    ]
+    records = run_bench(target, None, prompts[:2], methods, max_new_tokens=10, progress=False, encode=encode)
+    assert all(r.identical for r in records)
+    write_report(records, [d.name for d in pool], tmp_path, meta={})
+    traces = json.loads((tmp_path / "traces.json").read_text())
+    assert set(traces) == {f"hedge (full info)|{p.id}" for p in prompts[:2]}
+    trace = [{k: {int(a): v for a, v in d.items()} for k, d in r.items()} for r in next(iter(traces.values()))]
+    assert replay("ucb", trace).rounds == len(trace)
