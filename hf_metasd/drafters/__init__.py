@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import MetaSDConfigError
-from .base import Drafter, target_vocab_size
+from .base import Drafter, is_peft_model, target_vocab_size
 from .model import ModelDrafter
 
 __all__ = [
@@ -44,10 +44,6 @@ from .lora import LoraDrafter  # noqa: E402
 from .prompt_lookup import PromptLookupDrafter, prompt_lookup_candidates  # noqa: E402
 
 
-def _is_peft_model(obj: Any) -> bool:
-    return type(obj).__module__.startswith("peft.") and hasattr(obj, "peft_config")
-
-
 def unique_names(drafters: Sequence[Drafter]) -> list[str]:
     """Drafter names for telemetry, with ``#k`` appended to repeated names (the drafters are not modified).
 
@@ -74,11 +70,7 @@ def as_drafters(assistant_models: Any, target: Any = None) -> list[Drafter]:
     Accepts a sequence mixing `Drafter` objects, transformers causal LMs (wrapped in `ModelDrafter`) and peft models
     with several adapters (one arm per adapter).
     """
-    if (
-        isinstance(assistant_models, Drafter)
-        or hasattr(assistant_models, "config")
-        or _is_peft_model(assistant_models)
-    ):
+    if isinstance(assistant_models, Drafter) or hasattr(assistant_models, "config") or is_peft_model(assistant_models):
         assistant_models = [assistant_models]
     if not isinstance(assistant_models, Sequence) or isinstance(assistant_models, (str, bytes)):
         raise TypeError(
@@ -89,7 +81,7 @@ def as_drafters(assistant_models: Any, target: Any = None) -> list[Drafter]:
     for i, item in enumerate(assistant_models):
         if isinstance(item, Drafter):
             drafters.append(item)
-        elif _is_peft_model(item):
+        elif is_peft_model(item):
             from .lora import LoraDrafter
 
             drafters.extend(LoraDrafter.from_peft_model(item))

@@ -18,7 +18,23 @@ import torch
 
 from ..errors import DrafterCompatibilityError
 
-__all__ = ["Drafter", "target_vocab_size"]
+__all__ = ["Drafter", "is_peft_model", "require_peft", "target_vocab_size"]
+
+
+def is_peft_model(obj: Any) -> bool:
+    """Whether `obj` is a peft model (checked without importing peft)."""
+    return type(obj).__module__.startswith("peft.") and hasattr(obj, "peft_config")
+
+
+def require_peft(what: str) -> Any:
+    """Import peft, or raise an `ImportError` saying that `what` needs it and which extra to install."""
+    try:
+        import peft
+    except ImportError as err:  # pragma: no cover - peft is installed in the test environment
+        raise ImportError(
+            f"{what} `peft`, but it is not installed. Install it with `pip install hf-metasd[peft]`."
+        ) from err
+    return peft
 
 
 def target_vocab_size(model: Any) -> int:

@@ -19,6 +19,7 @@ from torch import nn
 
 from ..errors import DrafterCompatibilityError
 from . import register_drafter_kind
+from .base import require_peft
 from .model import ModelDrafter
 
 __all__ = ["EarlyExitDrafter", "early_exit_model"]
@@ -98,16 +99,6 @@ def early_exit_model(target: Any, num_layers: int) -> nn.Module:
     return view
 
 
-def _require_peft() -> Any:
-    try:
-        import peft
-    except ImportError as err:  # pragma: no cover - peft is installed in the test environment
-        raise ImportError(
-            "An early-exit adapter needs `peft`, but it is not installed. Install it with `pip install hf-metasd[peft]`."
-        ) from err
-    return peft
-
-
 @register_drafter_kind
 class EarlyExitDrafter(ModelDrafter):
     """Self-drafting with the target's first `num_layers` layers (plus its final norm and LM head).
@@ -154,7 +145,7 @@ class EarlyExitDrafter(ModelDrafter):
         self.adapter: str | None = None
         self.adapter_revision = revision
         if adapter is not None:
-            peft = _require_peft()
+            peft = require_peft("An early-exit adapter needs")
             if isinstance(adapter, peft.PeftConfig):
                 self.peft_model = peft.get_peft_model(view, adapter)
             else:

@@ -18,23 +18,10 @@ import torch
 
 from ..errors import DrafterCompatibilityError
 from . import register_drafter_kind
+from .base import is_peft_model, require_peft
 from .model import ModelDrafter
 
 __all__ = ["LoraDrafter", "load_adapters"]
-
-
-def _require_peft() -> Any:
-    try:
-        import peft
-    except ImportError as err:  # pragma: no cover - peft is installed in the test environment
-        raise ImportError(
-            "LoRA drafters need `peft`, but it is not installed. Install it with `pip install hf-metasd[peft]`."
-        ) from err
-    return peft
-
-
-def _is_peft_model(obj: Any) -> bool:
-    return type(obj).__module__.startswith("peft.") and hasattr(obj, "peft_config")
 
 
 @register_drafter_kind
@@ -80,8 +67,8 @@ class LoraDrafter(ModelDrafter):
         name: str | None = None,
         head_token_ids: torch.Tensor | Sequence[int] | None = None,
     ) -> None:
-        _require_peft()
-        if not _is_peft_model(peft_model):
+        require_peft("LoRA drafters need")
+        if not is_peft_model(peft_model):
             raise TypeError(
                 f"`peft_model` must be a `peft.PeftModel`, but is {type(peft_model).__name__}. "
                 "Wrap the base with `peft.PeftModel.from_pretrained(base, adapter)` or `peft.get_peft_model`."
@@ -127,8 +114,8 @@ class LoraDrafter(ModelDrafter):
 
         The arms share the base and, with `head_token_ids`, one restricted head (gathered once).
         """
-        _require_peft()
-        if not _is_peft_model(peft_model):
+        require_peft("LoRA drafters need")
+        if not is_peft_model(peft_model):
             raise TypeError(
                 f"`peft_model` must be a `peft.PeftModel`, but is {type(peft_model).__name__}. "
                 "Wrap the base with `peft.PeftModel.from_pretrained(base, adapter)` or `peft.get_peft_model`."
@@ -179,7 +166,7 @@ def load_adapters(
 
     The adapters are loaded frozen (inference mode); the base is wrapped in place, as peft does.
     """
-    peft = _require_peft()
+    peft = require_peft("LoRA drafters need")
     if not adapters:
         raise DrafterCompatibilityError(
             "`adapters` must hold at least one adapter, but is empty. Pass e.g. `{'code': 'path/to/adapter'}`."
