@@ -148,6 +148,16 @@ class Policy(ABC):
                 return arm
         return None
 
+    def _sample(self, probs: list[float]) -> int:
+        """An arm drawn from `probs` with one draw of the policy's random generator."""
+        u = self._rng.random()
+        acc = 0.0
+        for arm, p in enumerate(probs):
+            acc += p
+            if u < acc:
+                return arm
+        return len(probs) - 1  # u landed in the round-off gap above sum(probs)
+
     @staticmethod
     def _argmax(values: list[float]) -> int:
         """Index of the largest value; ties go to the lowest index (deterministic, testable)."""

@@ -78,14 +78,7 @@ class EXP3(Policy):
 
     def select(self) -> int:
         self._check_ready()
-        probs = self.probabilities()
-        u = self._rng.random()
-        acc = 0.0
-        for arm, p in enumerate(probs):
-            acc += p
-            if u < acc:
-                return arm
-        return self.num_arms - 1  # u landed in the round-off gap above sum(probs)
+        return self._sample(self.probabilities())
 
     def update(self, arm: int, reward: float) -> None:
         self._check_ready()

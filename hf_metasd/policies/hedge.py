@@ -134,14 +134,7 @@ class Hedge(Policy):
         for arm, m in enumerate(self.observed_counts):
             if m == 0:
                 return arm
-        probs = self.probabilities()
-        u = self._rng.random()
-        acc = 0.0
-        for arm, p in enumerate(probs):
-            acc += p
-            if u < acc:
-                return arm
-        return self.num_arms - 1  # u landed in the round-off gap above sum(probs)
+        return self._sample(self.probabilities())
 
     # ------------------------------------------------------------------ persistence
     def config(self) -> dict[str, Any]:
