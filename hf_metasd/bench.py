@@ -49,6 +49,7 @@ DEFAULT_POLICIES = (
     ("random", "random", "bd"),
     ("ucb-bd+warm", "ucb", "bd", {"meta_warm_start": 16}),
     ("ucb-cost", "ucb", "cost"),
+    ("ucb-bd (stock gemm)", "ucb", "bd", {"meta_skinny_gemm": False}),
 )
 
 

@@ -26,6 +26,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationM
 from .candidate_generator import DEFAULT_NUM_ASSISTANT_TOKENS, MetaCandidateGenerator
 from .drafters import as_drafters
 from .errors import MetaSDConfigError
+from .kernels import skinny_linear, skinny_linear_applies
 from .policies import Policy, get_policy
 from .rewards import RoundFeedback, get_reward
 from .stats import MetaSDStats
@@ -33,7 +34,14 @@ from .stats import MetaSDStats
 __all__ = ["MetaSDGenerateOutput", "disable", "enable", "generate", "is_enabled"]
 
 #: keyword arguments that only mean something together with `assistant_models`.
-META_KWARGS = ("meta_policy", "meta_policy_kwargs", "meta_reward", "meta_full_information", "meta_warm_start")
+META_KWARGS = (
+    "meta_policy",
+    "meta_policy_kwargs",
+    "meta_reward",
+    "meta_full_information",
+    "meta_warm_start",
+    "meta_skinny_gemm",
+)
 
 
 @dataclass
@@ -138,6 +146,15 @@ def _candidate_generator_seam(model: Any, candidate_generator: MetaCandidateGene
         model.__dict__.pop("_get_candidate_generator", None)
 
 
+@contextmanager
+def _maybe_skinny(model: Any, enabled: bool) -> Iterator[None]:
+    if not enabled:
+        yield
+        return
+    with skinny_linear(model):
+        yield
+
+
 def generate(
     model: Any,
     input_ids: Any,
@@ -153,6 +170,7 @@ def generate(
     num_assistant_tokens: int | None = None,
     meta_full_information: bool = False,
     meta_warm_start: int = 0,
+    meta_skinny_gemm: bool | None = None,
     metasd_streamer: Any = None,
     **model_kwargs: Any,
 ) -> Any:
@@ -169,6 +187,9 @@ def generate(
         meta_full_information: also score the drafters that did not draft (see `MetaCandidateGenerator`).
         meta_warm_start: prompt warm start over this many last prompt positions (0: off; see
             `MetaCandidateGenerator`).
+        meta_skinny_gemm: compute the target's float32 CPU linear layers as ``(W @ x.T).T`` during the call when 2
+            to 8 tokens go through (the verification passes; see `hf_metasd.kernels`). ``None`` (default): on when
+            the target has such layers; ``False``: transformers' kernels throughout.
         metasd_streamer: a streamer; transformers does not forward `streamer` to custom decoding methods, so pass it
             under this name with `custom_generate` (with `hf_metasd.enable()`, `streamer=` works as usual).
 
@@ -176,6 +197,11 @@ def generate(
         What `generate` returns; with ``return_dict_in_generate=True`` a `MetaSDGenerateOutput` whose `metasd` holds
         the per-round telemetry.
     """
+    if meta_skinny_gemm is not None and not isinstance(meta_skinny_gemm, bool):
+        raise MetaSDConfigError(
+            f"`meta_skinny_gemm` must be True, False or None (automatic), but is {meta_skinny_gemm!r}. "
+            "Pass a bool, or leave it out."
+        )
     candidate_generator = build_candidate_generator(
         model,
         generation_config,
@@ -193,8 +219,9 @@ def generate(
         # transformers put the prompt into `streamer` before decoding; it never saw this one, so do it here
         streamer = metasd_streamer
         streamer.put(input_ids.cpu())
+    skinny = skinny_linear_applies(model) if meta_skinny_gemm is None else meta_skinny_gemm
     try:
-        with _candidate_generator_seam(model, candidate_generator):
+        with _candidate_generator_seam(model, candidate_generator), _maybe_skinny(model, skinny):
             output = GenerationMixin._assisted_decoding(
                 model,
                 input_ids,

@@ -1,9 +1,10 @@
 """Cost of one target forward pass with a KV cache, by number of new tokens (the verification of N drafted tokens
 feeds N + 1): median of repeated runs after a 64-token prefill, SmolLM2-135M-Instruct, fp32, 2 threads.
 
-On the 2-core CPU used for the benchmark, 2 and 3 tokens cost far more than 4-6 (kernel choice for tiny matrix
-shapes), so a draft length N = 4 (5 tokens verified) is cheaper to verify than N = 1 or 2. The printed table is what
-`num_assistant_tokens` should be chosen from on a given machine.
+Two columns: transformers' own kernels, and the same pass under `hf_metasd.kernels.skinny_linear` (what
+`hf_metasd.generate` uses for the target's verification passes on CPU). On the 2-core CPU of the benchmark, MKL's
+float32 GEMM makes 2-8 tokens cost 1.4-2x one token; the transposed product brings 2-5 tokens to about one token's
+cost. The printed table is what `num_assistant_tokens` should be chosen from on a given machine.
 
     python recipes/bench_verify_cost.py
 """
@@ -16,6 +17,7 @@ import time
 import torch
 from transformers import DynamicCache
 
+from hf_metasd.kernels import skinny_linear
 from hf_metasd.offline import load_default_target
 
 
@@ -44,10 +46,12 @@ def main() -> None:
     model, _ = load_default_target(getattr(torch, args.dtype))
     prompt = torch.randint(100, 1000, (1, 64))
     base = forward_ms(model, prompt, 1, args.reps)
-    print("new tokens | ms per forward | x one token")
+    print("new tokens | ms per forward | x one token | skinny_linear ms | x one token")
     for n in args.tokens:
         ms = base if n == 1 else forward_ms(model, prompt, n, args.reps)
-        print(f"{n:>10} | {ms:>14.1f} | {ms / base:>11.2f}")
+        with skinny_linear(model):
+            skinny = forward_ms(model, prompt, n, args.reps)
+        print(f"{n:>10} | {ms:>14.1f} | {ms / base:>11.2f} | {skinny:>16.1f} | {skinny / base:>11.2f}")
 
 
 if __name__ == "__main__":
