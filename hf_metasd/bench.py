@@ -50,6 +50,7 @@ DEFAULT_POLICIES = (
     ("ucb-bd+warm", "ucb", "bd", {"meta_warm_start": 16}),
     ("ucb-cost", "ucb", "cost"),
     ("ucb-bd (stock gemm)", "ucb", "bd", {"meta_skinny_gemm": False}),
+    ("ucb-bd (beta=1)", "ucb", "bd", {"meta_policy_kwargs": {"beta": 1.0}}),
 )
 
 
@@ -126,11 +127,13 @@ def build_methods(
     oracle: bool = True,
     stream_policy: bool = False,
     full_information: bool = False,
+    policy_kwargs: dict[str, dict[str, Any]] | None = None,
 ) -> list[Method]:
     """The methods of a benchmark run over `drafters` (see the module docstring).
 
     `full_information` adds Hedge fed with every drafter's reward each round; its per-round rewards are saved as
-    traces (`traces.json`) that `hf_metasd.simulate.replay` reads. `transformers_baselines`: stock assisted generation with ``"all"`` drafters, the first drafter of each kind
+    traces (`traces.json`) that `hf_metasd.simulate.replay` reads. `policy_kwargs` maps a policy name to its
+    settings (e.g. a pool's ``{"ucb": {"beta": 0.05}}``); a method's own ``meta_policy_kwargs`` take precedence. `transformers_baselines`: stock assisted generation with ``"all"`` drafters, the first drafter of each kind
     (``"kinds"``, default: LoRA arms of one base differ only by their adapter) or ``"none"``.
     """
     names = [d.name for d in drafters]
@@ -178,13 +181,14 @@ def build_methods(
             return metasd(meta_policy="fixed", meta_policy_kwargs={"arm": names.index(prompt.task)})(prompt)
 
         methods.append(Method("oracle", "metasd", oracle_kwargs))
+    settings = dict(policy_kwargs or {})
     for method_name, policy, reward, *extra in policies:
-        kwargs = extra[0] if extra else {}
+        kwargs = {"meta_policy_kwargs": dict(settings.get(policy, {})), **(extra[0] if extra else {})}
         methods.append(Method(method_name, "metasd", metasd(meta_policy=policy, meta_reward=reward, **kwargs)))
     if full_information:  # every drafter scored every round: traces for `hf_metasd.simulate.replay`
         methods.append(Method("hedge (full info)", "metasd", metasd(meta_policy="hedge", meta_full_information=True)))
     if stream_policy:
-        shared = get_policy("ucb")
+        shared = get_policy("ucb", **settings.get("ucb", {}))
         methods.append(Method("ucb-bd (stream)", "metasd", metasd(meta_policy=shared, meta_reward="bd")))
     return methods
 

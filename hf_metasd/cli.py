@@ -118,6 +118,7 @@ def bench(args: argparse.Namespace) -> int:
         transformers_baselines="none" if args.quick else args.hf_assisted,
         fixed_baselines=not args.quick,
         stream_policy=args.mixed,
+        policy_kwargs={pool.policy: pool.policy_kwargs},
         full_information=args.full_information,
         policies=DEFAULT_POLICIES if not args.quick else DEFAULT_POLICIES[:2],
     )
@@ -133,6 +134,9 @@ def bench(args: argparse.Namespace) -> int:
             "dtype": args.dtype,
             "pool": str(args.pool or embedded_pool_path()),
             "per_task": per_task,
+            "policy": pool.policy,
+            "policy_kwargs": pool.policy_kwargs,
+            "num_assistant_tokens": args.num_assistant_tokens or pool.num_assistant_tokens,
             "max_new_tokens": max_new,
             "mixed": args.mixed,
             "quick": args.quick,

@@ -52,7 +52,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafters", default="artifacts/smollm2-drafters-256", help="output of train_drafters.py")
     parser.add_argument("--out", default=str(embedded_pool_path()))
-    parser.add_argument("--num-assistant-tokens", type=int, default=4)
+    # defaults chosen on development prompts (never the benchmark's) by recipes/tune_policy.py
+    parser.add_argument("--num-assistant-tokens", type=int, default=3)
+    parser.add_argument("--beta", type=float, default=0.05, help="UCB exploration weight of the pool's policy")
     parser.add_argument("--early-exit-layers", type=int, default=4)
     parser.add_argument("--dtype", default="bfloat16", help="dtype of the trained drafters")
     args = parser.parse_args()
@@ -101,6 +103,7 @@ def main() -> None:
             drafters=drafters,
             target="HuggingFaceTB/SmolLM2-135M-Instruct",
             policy="ucb",
+            policy_kwargs={"beta": args.beta},
             reward="bd",
             num_assistant_tokens=args.num_assistant_tokens,
         ).save(staging)

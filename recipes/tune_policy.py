@@ -1,0 +1,122 @@
+"""Choose the embedded pool's policy settings (UCB's beta, the reward, the draft length) on development prompts.
+
+The benchmark prompts (Spec-Bench, HumanEval) must not be used to tune anything, and the drafters were trained on
+`<data-dir>/train/<task>.jsonl`. This recipe takes, per task, the prompts `train_drafters.py` held out as its val
+split (same seed, same shuffle, same length filter: never trained on), runs them as one interleaved stream through
+`hf_metasd.bench` with a grid of settings, and prints speedups against autoregressive decoding measured in the
+same run. Every output must equal autoregressive greedy decoding (the run fails otherwise).
+
+    python recipes/tune_policy.py                 # 2 prompts per task, 64 new tokens: ~10 min on 2 cores
+    python recipes/tune_policy.py --per-task 1    # faster, noisier
+
+Writes `--out/tuning.json` (default `docs/assets/bench/`) with the settings, the machine and every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from hf_metasd.bench import Method, _machine, build_methods, run_bench, summarize
+from hf_metasd.cli import default_pool
+from hf_metasd.generation import generate as metasd_generate
+from hf_metasd.offline import chat_prompt, load_default_target
+from hf_metasd.prompts import BENCH_TASKS, BenchPrompt, mixed_stream
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def dev_prompts(data_dir: Path, tokenizer, per_task: int, seed: int, val_prompts: int, max_prompt_tokens: int):
+    """The first `per_task` of each task's val split in `train_drafters.py` (prompts never trained on)."""
+    out = []
+    for task in BENCH_TASKS:
+        with open(data_dir / "train" / f"{task}.jsonl") as handle:
+            texts = [json.loads(line)["turns"][0] for line in handle if line.strip()]
+        random.Random(seed).shuffle(texts)
+        kept = [t for t in texts if chat_prompt(tokenizer, t).shape[1] <= max_prompt_tokens]
+        n_val = min(val_prompts, len(kept) // 2)
+        out += [BenchPrompt(task, f"dev/{task}/{i}", t) for i, t in enumerate(kept[: min(per_task, n_val)])]
+    return mixed_stream(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", type=Path, default=REPO_ROOT.parent / "shared" / "data")
+    parser.add_argument("--per-task", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--betas", type=float, nargs="*", default=[1.0, 0.25, 0.05])
+    parser.add_argument("--draft-lengths", type=int, nargs="*", default=[2, 3, 4])
+    parser.add_argument("--lookup-lengths", type=int, nargs="*", default=[6, 8])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "assets" / "bench")
+    # must match the train_drafters.py run that built the pool (its training_metrics.json records them)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--val-prompts", type=int, default=10)
+    parser.add_argument("--max-prompt-tokens", type=int, default=768)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    target, tokenizer = load_default_target(torch.float32)
+    pool = default_pool(target)
+    names = [d.name for d in pool.drafters]
+    prompts = dev_prompts(args.data_dir, tokenizer, args.per_task, args.seed, args.val_prompts, args.max_prompt_tokens)
+
+    def metasd(n: int, **extra):
+        return lambda prompt: {
+            "custom_generate": metasd_generate,
+            "assistant_models": pool.drafters,
+            "num_assistant_tokens": n,
+            "return_dict_in_generate": True,
+            **extra,
+        }
+
+    methods: list[Method] = build_methods(
+        pool.drafters, policies=(), transformers_baselines="none", fixed_baselines=False, oracle=False
+    )
+    for n in args.draft_lengths:
+        for arm in ("general", "prompt_lookup"):
+            methods.append(
+                Method(
+                    f"fixed[{arm}] N={n}",
+                    "metasd",
+                    metasd(n, meta_policy="fixed", meta_policy_kwargs={"arm": names.index(arm)}),
+                )
+            )
+        for beta in args.betas:
+            for reward in ("bd", "cost"):
+                kwargs = {"meta_policy": "ucb", "meta_policy_kwargs": {"beta": beta}, "meta_reward": reward}
+                methods.append(Method(f"ucb-{reward} beta={beta} N={n}", "metasd", metasd(n, **kwargs)))
+    for n in args.lookup_lengths:  # prompt lookup drafts for free: longer drafts may pay where model drafts do not
+        kwargs = {"meta_policy": "fixed", "meta_policy_kwargs": {"arm": names.index("prompt_lookup")}}
+        methods.append(Method(f"fixed[prompt_lookup] N={n}", "metasd", metasd(n, **kwargs)))
+    print(f"tune: {len(prompts)} dev prompts x {len(methods)} settings, max_new_tokens={args.max_new_tokens}")
+    start = time.perf_counter()
+    records = run_bench(target, tokenizer, prompts, methods, max_new_tokens=args.max_new_tokens)
+    summary = summarize(records, names)
+    rows = sorted(((m, s["overall"]) for m, s in summary.items()), key=lambda kv: -kv[1]["speedup"])
+    print("setting | speedup vs autoregressive | tau | identical")
+    for method, overall in rows:
+        print(
+            f"{method} | {overall['speedup']:.3f} | {overall['mean_accepted_tokens']:.2f} | {overall['identical']:.2f}"
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = {
+        "machine": _machine(),
+        "prompts": [p.id for p in prompts],
+        "max_new_tokens": args.max_new_tokens,
+        "wall_seconds": time.perf_counter() - start,
+        "overall": {m: s["overall"] for m, s in summary.items()},
+        "per_task": {m: {t: v["speedup"] for t, v in s.items() if t != "overall"} for m, s in summary.items()},
+    }
+    (args.out / "tuning.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {args.out / 'tuning.json'} ({report['wall_seconds']:.0f} s)")
+    if any(not r.identical for r in records):
+        raise SystemExit("ERROR: an output differs from autoregressive greedy decoding")
+
+
+if __name__ == "__main__":
+    main()
