@@ -3,14 +3,13 @@
 A verification pass feeds the target the last token plus the N drafted ones, so every linear layer multiplies a
 ``(rows, in_features)`` activation, rows = N + 1, by its ``(out_features, in_features)`` weight. On x86 CPUs, the
 float32 GEMM that ``torch.nn.functional.linear`` dispatches to (MKL) handles 2 to 8 rows far worse than one row: on
-the 2-core machine of the benchmark, a 5-token pass of SmolLM2-135M took 64 ms against 40 ms for one token, and the
-49,152-token LM head alone 12.8 ms against 7.0 ms. The same product computed the other way round,
+the 2-core machine of the benchmark (`python recipes/bench_verify_cost.py`, SmolLM2-135M after a 64-token prompt), a
+4-token pass took 63.2 ms against 41.0 ms for one token. The same product computed the other way round,
 
 $$Y = X W^\\top = (W X^\\top)^\\top,$$
 
-puts the few rows on the GEMM's short side, where MKL streams the weight once: the 5-token pass then costs 46 ms
-and a 2- to 4-token pass costs less than a one-token step (`recipes/bench_verify_cost.py --skinny` prints both on
-your machine).
+puts the few rows on the GEMM's other side, a shape MKL handles much better here: the 4-token pass then took 37.9 ms,
+and 2 to 5 tokens cost 0.87-1.07 one-token steps (the recipe prints both columns on your machine).
 
 The result is the same product in float32 with another summation order (differences of a few ulp, as between any
 two GEMM kernels). `skinny_linear` applies it, for the duration of one call, to the `torch.nn.Linear` layers of a
