@@ -68,6 +68,8 @@ class Method:
     name: str
     kind: str
     kwargs: Callable[[BenchPrompt], dict[str, Any]]
+    #: for a method over part of the pool: the pool index of each of its drafters (telemetry arms are mapped back)
+    arm_map: list[int] | None = None
 
 
 @dataclass
@@ -128,12 +130,15 @@ def build_methods(
     stream_policy: bool = False,
     full_information: bool = False,
     policy_kwargs: dict[str, dict[str, Any]] | None = None,
+    sub_pools: Sequence[Sequence[str]] = (),
 ) -> list[Method]:
     """The methods of a benchmark run over `drafters` (see the module docstring).
 
     `full_information` adds Hedge fed with every drafter's reward each round; its per-round rewards are saved as
     traces (`traces.json`) that `hf_metasd.simulate.replay` reads. `policy_kwargs` maps a policy name to its
-    settings (e.g. a pool's ``{"ucb": {"beta": 0.05}}``); a method's own ``meta_policy_kwargs`` take precedence. `transformers_baselines`: stock assisted generation with ``"all"`` drafters, the first drafter of each kind
+    settings (e.g. a pool's ``{"ucb": {"beta": 0.05}}``); a method's own ``meta_policy_kwargs`` take precedence.
+    `sub_pools` adds, for each list of drafter names, UCB with the BD and the cost reward over those drafters only
+    (named e.g. ``ucb-cost[general+prompt_lookup]``). `transformers_baselines`: stock assisted generation with ``"all"`` drafters, the first drafter of each kind
     (``"kinds"``, default: LoRA arms of one base differ only by their adapter) or ``"none"``.
     """
     names = [d.name for d in drafters]
@@ -185,6 +190,25 @@ def build_methods(
     for method_name, policy, reward, *extra in policies:
         kwargs = {"meta_policy_kwargs": dict(settings.get(policy, {})), **(extra[0] if extra else {})}
         methods.append(Method(method_name, "metasd", metasd(meta_policy=policy, meta_reward=reward, **kwargs)))
+    for sub in sub_pools:
+        unknown = [name for name in sub if name not in names]
+        if unknown or not sub:
+            raise ValueError(
+                f"`sub_pools` entries must name drafters of the pool {names}, but {list(sub)} has {unknown or 'none'}. "
+                "Fix the names."
+            )
+        index = [names.index(name) for name in sub]
+        members = [pool[i] for i in index]
+        for reward in ("bd", "cost"):
+            kwargs = {"meta_policy_kwargs": dict(settings.get("ucb", {})), "assistant_models": members}
+            methods.append(
+                Method(
+                    f"ucb-{reward}[{'+'.join(sub)}]",
+                    "metasd",
+                    lambda prompt, k=kwargs, r=reward: {**metasd(meta_policy="ucb", meta_reward=r)(prompt), **k},
+                    arm_map=index,
+                )
+            )
     if full_information:  # every drafter scored every round: traces for `hf_metasd.simulate.replay`
         methods.append(Method("hedge (full info)", "metasd", metasd(meta_policy="hedge", meta_full_information=True)))
     if stream_policy:
@@ -246,7 +270,9 @@ def run_bench(
                         new_tokens=int(sequences.shape[1] - ids.shape[1]),
                         target_forwards=calls[0],
                         identical=bool(torch.equal(sequences, reference)),
-                        arms=list(stats.arms) if stats is not None else [],
+                        arms=[a if method.arm_map is None else method.arm_map[a] for a in stats.arms]
+                        if stats is not None
+                        else [],
                         accepted=list(stats.accepted) if stats is not None else [],
                         time_split={k: getattr(stats, f"{k}_seconds") for k in TIME_PARTS} if stats else {},
                         trace=stats.to_trace() if stats is not None and stats.counterfactual_rewards else [],

@@ -139,6 +139,9 @@ class MetaCandidateGenerator(CandidateGenerator):
         start = time.perf_counter()
         choice = self.policy.select()
         self.stats.policy_seconds += time.perf_counter() - start
+        return self._check_arm(choice, "select")
+
+    def _check_arm(self, choice: Any, method: str) -> int:
         try:
             arm = operator.index(choice)
         except TypeError:
@@ -146,7 +149,7 @@ class MetaCandidateGenerator(CandidateGenerator):
         if arm is None or not 0 <= arm < len(self.drafters):
             raise PolicyArmError(
                 f"policy {self.stats.policy!r} must select an arm in [0, {len(self.drafters)}), but selected "
-                f"{choice!r}. Fix `{type(self.policy).__name__}.select` to return a drafter index."
+                f"{choice!r}. Fix `{type(self.policy).__name__}.{method}` to return a drafter index."
             )
         return arm
 
@@ -200,7 +203,8 @@ class MetaCandidateGenerator(CandidateGenerator):
             self.stats.catch_up_tokens.append(0)
             self._pending = _Round(arm, None, None, started, time.perf_counter())
             return input_ids, None
-        for _ in range(len(self.drafters)):
+        abstained: set[int] = set()
+        while True:
             self._catch_up(arm, input_ids, warm=first_round and self._warm_window > 0)
             start = time.perf_counter()
             tokens, logits = self.drafters[arm].draft(
@@ -211,13 +215,16 @@ class MetaCandidateGenerator(CandidateGenerator):
             self._last_arm = arm
             if tokens.shape[-1] > 0:
                 break
-            # The drafter had nothing to propose (e.g. no n-gram match): it earned nothing this round. Tell the
-            # policy (reward 0) and let it pick again, so the round is not wasted on a plain target step.
+            # The drafter abstained (nothing to propose, e.g. no n-gram match). That is not a pull: nothing is
+            # learnt about its drafts, so the policy is not updated; the round goes to the policy's fallback.
             self.stats.empty_drafts += 1
+            abstained.add(arm)
             start = time.perf_counter()
-            self.policy.update(arm, 0.0)
+            fallback = self.policy.fallback(abstained)
             self.stats.policy_seconds += time.perf_counter() - start
-            arm = self._select()
+            if fallback is None:
+                break
+            arm = self._check_arm(fallback, "fallback")
         self.stats.catch_up_tokens.append(self.drafters[arm].last_catch_up_tokens)
         if tokens.shape[-1] == 0:
             self._pending = _Round(arm, None, None, started, now)

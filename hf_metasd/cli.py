@@ -119,6 +119,7 @@ def bench(args: argparse.Namespace) -> int:
         fixed_baselines=not args.quick,
         stream_policy=args.mixed,
         policy_kwargs={pool.policy: pool.policy_kwargs},
+        sub_pools=[names.split(",") for names in args.sub_pool or []],
         full_information=args.full_information,
         policies=DEFAULT_POLICIES if not args.quick else DEFAULT_POLICIES[:2],
     )
@@ -182,6 +183,12 @@ def main(argv: list[str] | None = None) -> int:
         help="add Hedge with every drafter scored each round, and save those rewards as traces.json for replay",
     )
     p.add_argument("--num-assistant-tokens", type=int, default=None, help="draft length (default: the pool's)")
+    p.add_argument(
+        "--sub-pool",
+        action="append",
+        metavar="NAME,NAME",
+        help="also run UCB (BD and cost rewards) over only these drafters of the pool; repeatable",
+    )
     p.add_argument(
         "--hf-assisted",
         default="kinds",

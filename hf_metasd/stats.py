@@ -23,7 +23,8 @@ class MetaSDStats:
     ``reward_seconds`` (computing the reward), ``warm_start_seconds`` (prompt warm start: drafters' prefill with
     logits on the window, and scoring). ``warm_start_rewards`` maps drafters to their warm-start reward, and
     ``counterfactual_rewards`` holds one dict per round in full-information mode. ``empty_drafts`` counts drafters
-    that had nothing to propose when picked (they get reward 0 and the policy picks again within the round).
+    that abstained (had nothing to propose when picked): not a pull, no reward; the round went to the policy's
+    `fallback`.
     """
 
     drafter_names: list[str]

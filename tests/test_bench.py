@@ -87,3 +87,18 @@ def test_full_information_traces_are_saved_and_replay(bench_setup, target, tmp_p
     assert set(traces) == {f"hedge (full info)|{p.id}" for p in prompts[:2]}
     trace = [{k: {int(a): v for a, v in d.items()} for k, d in r.items()} for r in next(iter(traces.values()))]
     assert replay("ucb", trace).rounds == len(trace)
+
+
+def test_sub_pool_methods_draft_only_with_their_drafters(bench_setup, target):
+    pool, prompts, encode = bench_setup
+    methods = [m for m in build_methods(pool, sub_pools=[["rag"]]) if m.name in ("autoregressive", "ucb-bd[rag]")]
+    assert [m.name for m in build_methods(pool, sub_pools=[["qa", "rag"]])][-2:] == [
+        "ucb-bd[qa+rag]",
+        "ucb-cost[qa+rag]",
+    ]
+    records = run_bench(target, None, prompts[:2], methods, max_new_tokens=8, progress=False, encode=encode)
+    sub = [r for r in records if r.method == "ucb-bd[rag]"]
+    assert all(r.identical for r in records)
+    assert sub and all(set(r.arms) == {1} for r in sub), "arms must be mapped back to pool indices (rag is arm 1)"
+    with pytest.raises(ValueError, match=r"`sub_pools` entries must name drafters of the pool \['qa', 'rag'\]"):
+        build_methods(pool, sub_pools=[["code"]])

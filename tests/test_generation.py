@@ -247,14 +247,15 @@ def test_cost_reward_runs_and_stays_lossless(target, pools, references):
     assert all(r is None or 0.0 <= r <= 1.0 for r in out.metasd.rewards)
 
 
-def test_a_drafter_with_nothing_to_propose_gets_zero_and_the_round_is_not_wasted(target, target_copy, references):
-    class Silent(hf_metasd.Drafter):
-        kind = "silent"
-        returns_logits = False
+class Silent(hf_metasd.Drafter):
+    kind = "silent"
+    returns_logits = False
 
-        def draft(self, input_ids, num_tokens, *, logits_processor=None, do_sample=False):
-            return input_ids[:, :0], None
+    def draft(self, input_ids, num_tokens, *, logits_processor=None, do_sample=False):
+        return input_ids[:, :0], None
 
+
+def test_a_drafter_that_abstains_is_not_pulled_and_the_round_goes_to_the_fallback(target, target_copy, references):
     policy = get_policy("ucb")
     out = metasd_greedy(
         target,
@@ -266,6 +267,38 @@ def test_a_drafter_with_nothing_to_propose_gets_zero_and_the_round_is_not_wasted
     )
     assert torch.equal(out.sequences, references[0])
     stats = out.metasd
-    assert stats.empty_drafts >= 1 and policy.sums[0] == 0.0 and policy.counts[0] == stats.empty_drafts
+    # UCB asks the untried silent drafter first every round; it abstains every time and is never counted as pulled
+    assert stats.empty_drafts == stats.rounds and policy.counts[0] == 0 and policy.sums[0] == 0.0
     assert all(arm == 1 for arm in stats.arms)  # every round was drafted by the drafter that had something
+    assert policy.counts[1] == stats.rounds
     assert len(stats.catch_up_tokens) == stats.rounds
+
+
+def test_a_fixed_drafter_that_abstains_leaves_the_round_to_the_target(target, target_copy, references):
+    out = metasd_greedy(
+        target,
+        PROMPTS[0],
+        MAX_NEW,
+        assistant_models=[Silent(), target_copy],
+        meta_policy="fixed",
+        meta_policy_kwargs={"arm": 0},
+        return_dict_in_generate=True,
+    )
+    assert torch.equal(out.sequences, references[0])
+    assert out.metasd.rounds == MAX_NEW and set(out.metasd.arms) == {0} and sum(out.metasd.drafted) == 0
+
+
+def test_a_fallback_outside_the_pool_is_named(target, target_copy):
+    class BadFallback(hf_metasd.RandomPolicy):
+        name = "bad_fallback"
+
+        def select(self):
+            return 0
+
+        def fallback(self, exclude):
+            return 7
+
+    with pytest.raises(
+        hf_metasd.PolicyArmError, match=r"must select an arm in \[0, 2\), but selected 7\. Fix `BadFallback\.fallback`"
+    ):
+        metasd_greedy(target, PROMPTS[0], 4, assistant_models=[Silent(), target_copy], meta_policy=BadFallback())

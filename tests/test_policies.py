@@ -483,3 +483,42 @@ def test_bandit_policies_ignore_update_all():
 def test_seed_validation():
     with pytest.raises(TypeError, match=r"`seed` must be an int or None, but is 1\.5\. Pass an integer seed\."):
         EXP3(seed=1.5)
+
+
+# ---------------------------------------------------------------------- fallback after an abstention
+def _history(policy, rewards):
+    policy.reset(num_arms=len(rewards))
+    for arm, arm_rewards in enumerate(rewards):
+        for r in arm_rewards:
+            policy.update(arm, r)
+    return policy
+
+
+def test_fallback_takes_an_untried_arm_first_in_pool_order():
+    policy = _history(get_policy("ucb"), [[0.9], [], [0.1], []])
+    assert policy.fallback({0}) == 1
+    assert policy.fallback({0, 1}) == 3
+
+
+def test_ucb_fallback_is_the_best_index_among_the_rest():
+    # t = 4; arm 1: 0.5 + sqrt(2 ln 4 / 1) = 2.165; arm 2: 0.7 + sqrt(2 ln 4 / 2) = 1.877 -> arm 1, not the better mean
+    policy = _history(get_policy("ucb", beta=1.0), [[0.9], [0.5], [0.7, 0.7]])
+    assert policy.fallback({0}) == 1
+    assert _history(get_policy("ucb", beta=0.0), [[0.9], [0.5], [0.7, 0.7]]).fallback({0}) == 2
+
+
+def test_fallback_of_policies_without_an_index_is_the_best_mean():
+    policy = _history(get_policy("exp3"), [[0.9], [0.2, 0.4], [0.5]])
+    assert policy.fallback({0}) == 2 and policy.fallback({0, 2}) == 1
+
+
+def test_fallback_is_none_when_every_arm_abstained_or_the_policy_is_fixed():
+    assert _history(get_policy("ucb"), [[0.9], [0.5]]).fallback({0, 1}) is None
+    assert _history(get_policy("fixed", arm=1), [[0.9], [0.5]]).fallback({1}) is None
+
+
+def test_fallback_does_not_change_what_was_learnt():
+    policy = _history(get_policy("ucb"), [[0.9], [0.5]])
+    before = policy.state_dict()
+    policy.fallback({0})
+    assert policy.state_dict() == before

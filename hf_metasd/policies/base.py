@@ -67,6 +67,35 @@ class Policy(ABC):
     def select(self) -> int:
         """Return the index of the drafter that drafts the next round."""
 
+    def fallback(self, exclude: set[int]) -> int | None:
+        """The arm that drafts a round whose chosen drafter(s) in `exclude` abstained (had nothing to propose).
+
+        An abstention is not a pull: it says nothing about how good the drafter's drafts are, so it is not
+        recorded, and the policy's own choice stays first in later rounds (a prompt-lookup drafter is asked first
+        every round and, when it finds no match, the round goes to the fallback). Default: the lowest-index arm
+        not yet pulled, else the best of `scores()` (index policies such as UCB) or of the empirical means, among
+        the arms not in `exclude`; ``None`` when every arm is excluded (the round is a plain target step).
+
+        Example:
+            >>> from hf_metasd.policies import get_policy
+            >>> policy = get_policy("epsilon_greedy", epsilon=0.0)
+            >>> policy.reset(num_arms=3)
+            >>> for arm, reward in [(0, 0.9), (1, 0.2), (2, 0.5)]:
+            ...     policy.update(arm, reward)
+            >>> policy.fallback({0}), policy.fallback({0, 2}), policy.fallback({0, 1, 2})
+            (2, 1, None)
+        """
+        self._check_ready()
+        allowed = [arm for arm in range(self.num_arms) if arm not in exclude]
+        if not allowed:
+            return None
+        untried = [arm for arm in allowed if self.counts[arm] == 0]
+        if untried:
+            return untried[0]
+        scores = getattr(self, "scores", None)
+        values = scores() if callable(scores) else self.means()
+        return allowed[self._argmax([values[arm] for arm in allowed])]
+
     def update(self, arm: int, reward: float) -> None:
         """Record `reward` for `arm` (the drafter chosen by the last `select`)."""
         self._check_ready()

@@ -50,5 +50,9 @@ class FixedPolicy(Policy):
         self._check_ready()
         return self.arm
 
+    def fallback(self, exclude: set[int]) -> int | None:
+        """None: a fixed drafter that abstains leaves the round to the target alone (single-drafter SD)."""
+        return None
+
     def config(self) -> dict[str, Any]:
         return {"arm": self.arm, "seed": self.seed}
