@@ -133,6 +133,20 @@ def read_prompts(data_dir: Path, task: str) -> list[str]:
         return [json.loads(line)["turns"][0] for line in handle if line.strip()]
 
 
+def shuffled_prompts(
+    data_dir: Path, task: str, tokenizer, seed: int, max_prompt_tokens: int
+) -> list[tuple[str, list]]:
+    """A task's prompts shuffled with `seed`, as (text, chat-template ids), those over `max_prompt_tokens` dropped.
+
+    The first ``--val-prompts`` of this list are the val split (never trained on); recipes/tune_policy.py reads its
+    development prompts from the same list.
+    """
+    prompts = read_prompts(data_dir, task)
+    random.Random(seed).shuffle(prompts)
+    pairs = [(text, chat_prompt(tokenizer, text)[0].tolist()) for text in prompts]
+    return [(text, ids) for text, ids in pairs if len(ids) <= max_prompt_tokens]
+
+
 @torch.no_grad()
 def generate_continuations(target, prompt_ids: list[list[int]], max_new_tokens: int, batch_size: int, eos: int, desc):
     """Greedy continuations, batched with left padding; each stops at (and includes) the first eos."""
@@ -180,10 +194,8 @@ def build_task_data(args, task: str, target_gen, target_ref, tokenizer) -> dict:
     """
     cache = args.cache / f"{task}_new{args.max_new_tokens}_seed{args.seed}_maxlen{args.max_prompt_tokens}.pt"
     store = torch.load(cache) if cache.is_file() else {"items": [], "gen_seconds": 0.0}
-    prompts = read_prompts(args.data_dir, task)
-    random.Random(args.seed).shuffle(prompts)
-    ids = [chat_prompt(tokenizer, p)[0].tolist() for p in prompts]
-    ids = [x for x in ids if len(x) <= args.max_prompt_tokens][: args.max_prompts_per_task]
+    pairs = shuffled_prompts(args.data_dir, task, tokenizer, args.seed, args.max_prompt_tokens)
+    ids = [x for _, x in pairs][: args.max_prompts_per_task]
     n_val = min(args.val_prompts, len(ids) // 2)
     new = ids[len(store["items"]) :]
     if new:

@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
+from train_drafters import shuffled_prompts  # recipes/ is on sys.path when this script runs
 
 from hf_metasd.bench import Method, _machine, build_methods, run_bench, summarize
 from hf_metasd.cli import default_pool
-from hf_metasd.generation import generate as metasd_generate
-from hf_metasd.offline import chat_prompt, load_default_target
+from hf_metasd.offline import load_default_target
 from hf_metasd.prompts import BENCH_TASKS, BenchPrompt, mixed_stream
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -35,10 +35,7 @@ def dev_prompts(data_dir: Path, tokenizer, per_task: int, seed: int, val_prompts
     """The first `per_task` of each task's val split in `train_drafters.py` (prompts never trained on)."""
     out = []
     for task in BENCH_TASKS:
-        with open(data_dir / "train" / f"{task}.jsonl") as handle:
-            texts = [json.loads(line)["turns"][0] for line in handle if line.strip()]
-        random.Random(seed).shuffle(texts)
-        kept = [t for t in texts if chat_prompt(tokenizer, t).shape[1] <= max_prompt_tokens]
+        kept = [text for text, _ in shuffled_prompts(data_dir, task, tokenizer, seed, max_prompt_tokens)]
         n_val = min(val_prompts, len(kept) // 2)
         out += [BenchPrompt(task, f"dev/{task}/{i}", t) for i, t in enumerate(kept[: min(per_task, n_val)])]
     return mixed_stream(out)
@@ -65,34 +62,32 @@ def main() -> None:
     names = [d.name for d in pool.drafters]
     prompts = dev_prompts(args.data_dir, tokenizer, args.per_task, args.seed, args.val_prompts, args.max_prompt_tokens)
 
-    def metasd(n: int, **extra):
-        return lambda prompt: {
-            "custom_generate": metasd_generate,
-            "assistant_models": pool.drafters,
-            "num_assistant_tokens": n,
-            "return_dict_in_generate": True,
-            **extra,
-        }
+    def with_length(policies: tuple, n: int) -> list[Method]:
+        """`hf_metasd.bench` methods for `policies` drafting `n` tokens per round, named with their length."""
+        methods = build_methods(
+            pool.drafters,
+            num_assistant_tokens=n,
+            policies=policies,
+            transformers_baselines="none",
+            fixed_baselines=False,
+            oracle=False,
+        )
+        return [replace(m, name=f"{m.name} N={n}") for m in methods if m.kind == "metasd"]
 
-    methods: list[Method] = build_methods(
-        pool.drafters, policies=(), transformers_baselines="none", fixed_baselines=False, oracle=False
+    fixed = tuple(
+        (f"fixed[{arm}]", "fixed", "bd", {"meta_policy_kwargs": {"arm": names.index(arm)}})
+        for arm in ("general", "prompt_lookup")
     )
+    ucb = tuple(
+        (f"ucb-{reward} beta={beta}", "ucb", reward, {"meta_policy_kwargs": {"beta": beta}})
+        for beta in args.betas
+        for reward in ("bd", "cost")
+    )
+    methods = [Method("autoregressive", "autoregressive", lambda prompt: {})]
     for n in args.draft_lengths:
-        for arm in ("general", "prompt_lookup"):
-            methods.append(
-                Method(
-                    f"fixed[{arm}] N={n}",
-                    "metasd",
-                    metasd(n, meta_policy="fixed", meta_policy_kwargs={"arm": names.index(arm)}),
-                )
-            )
-        for beta in args.betas:
-            for reward in ("bd", "cost"):
-                kwargs = {"meta_policy": "ucb", "meta_policy_kwargs": {"beta": beta}, "meta_reward": reward}
-                methods.append(Method(f"ucb-{reward} beta={beta} N={n}", "metasd", metasd(n, **kwargs)))
+        methods += with_length(fixed + ucb, n)
     for n in args.lookup_lengths:  # prompt lookup drafts for free: longer drafts may pay where model drafts do not
-        kwargs = {"meta_policy": "fixed", "meta_policy_kwargs": {"arm": names.index("prompt_lookup")}}
-        methods.append(Method(f"fixed[prompt_lookup] N={n}", "metasd", metasd(n, **kwargs)))
+        methods += with_length(fixed[1:], n)
     print(f"tune: {len(prompts)} dev prompts x {len(methods)} settings, max_new_tokens={args.max_new_tokens}")
     start = time.perf_counter()
     records = run_bench(target, tokenizer, prompts, methods, max_new_tokens=args.max_new_tokens)
