@@ -145,10 +145,10 @@ def build_methods(
     pool = list(drafters)
     n = num_assistant_tokens
 
-    def metasd(**extra: Any) -> Callable[[BenchPrompt], dict[str, Any]]:
+    def metasd(members: list[Drafter] = pool, **extra: Any) -> Callable[[BenchPrompt], dict[str, Any]]:
         return lambda prompt: {
             "custom_generate": metasd_generate,
-            "assistant_models": pool,
+            "assistant_models": members,
             "num_assistant_tokens": n,
             "return_dict_in_generate": True,
             **extra,
@@ -200,15 +200,10 @@ def build_methods(
         index = [names.index(name) for name in sub]
         members = [pool[i] for i in index]
         for reward in ("bd", "cost"):
-            kwargs = {"meta_policy_kwargs": dict(settings.get("ucb", {})), "assistant_models": members}
-            methods.append(
-                Method(
-                    f"ucb-{reward}[{'+'.join(sub)}]",
-                    "metasd",
-                    lambda prompt, k=kwargs, r=reward: {**metasd(meta_policy="ucb", meta_reward=r)(prompt), **k},
-                    arm_map=index,
-                )
+            kwargs = metasd(
+                members, meta_policy="ucb", meta_reward=reward, meta_policy_kwargs=dict(settings.get("ucb", {}))
             )
+            methods.append(Method(f"ucb-{reward}[{'+'.join(sub)}]", "metasd", kwargs, arm_map=index))
     if full_information:  # every drafter scored every round: traces for `hf_metasd.simulate.replay`
         methods.append(Method("hedge (full info)", "metasd", metasd(meta_policy="hedge", meta_full_information=True)))
     if stream_policy:

@@ -204,7 +204,7 @@ class MetaCandidateGenerator(CandidateGenerator):
             self._pending = _Round(arm, None, None, started, time.perf_counter())
             return input_ids, None
         abstained: set[int] = set()
-        while True:
+        for _ in range(len(self.drafters)):  # bounded even if a custom `fallback` repeats an abstained arm
             self._catch_up(arm, input_ids, warm=first_round and self._warm_window > 0)
             start = time.perf_counter()
             tokens, logits = self.drafters[arm].draft(

@@ -112,9 +112,10 @@ def bench(args: argparse.Namespace) -> int:
     prompts = load_bench_prompts(tuple(args.tasks or BENCH_TASKS), per_task=per_task)
     if args.mixed:
         prompts = mixed_stream(prompts)
+    num_tokens = args.num_assistant_tokens or pool.num_assistant_tokens
     methods = build_methods(
         drafters,
-        num_assistant_tokens=args.num_assistant_tokens or pool.num_assistant_tokens,
+        num_assistant_tokens=num_tokens,
         transformers_baselines="none" if args.quick else args.hf_assisted,
         fixed_baselines=not args.quick,
         stream_policy=args.mixed,
@@ -137,7 +138,7 @@ def bench(args: argparse.Namespace) -> int:
             "per_task": per_task,
             "policy": pool.policy,
             "policy_kwargs": pool.policy_kwargs,
-            "num_assistant_tokens": args.num_assistant_tokens or pool.num_assistant_tokens,
+            "num_assistant_tokens": num_tokens,
             "max_new_tokens": max_new,
             "mixed": args.mixed,
             "quick": args.quick,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationM
 from .candidate_generator import DEFAULT_NUM_ASSISTANT_TOKENS, MetaCandidateGenerator
 from .drafters import as_drafters
 from .errors import MetaSDConfigError
-from .kernels import skinny_linear, skinny_linear_applies
+from .kernels import skinny_linear
 from .policies import Policy, get_policy
 from .rewards import RoundFeedback, get_reward
 from .stats import MetaSDStats
@@ -146,15 +146,6 @@ def _candidate_generator_seam(model: Any, candidate_generator: MetaCandidateGene
         model.__dict__.pop("_get_candidate_generator", None)
 
 
-@contextmanager
-def _maybe_skinny(model: Any, enabled: bool) -> Iterator[None]:
-    if not enabled:
-        yield
-        return
-    with skinny_linear(model):
-        yield
-
-
 def generate(
     model: Any,
     input_ids: Any,
@@ -219,9 +210,10 @@ def generate(
         # transformers put the prompt into `streamer` before decoding; it never saw this one, so do it here
         streamer = metasd_streamer
         streamer.put(input_ids.cpu())
-    skinny = skinny_linear_applies(model) if meta_skinny_gemm is None else meta_skinny_gemm
+    # None (automatic) and True: `skinny_linear` changes the eligible layers, and nothing when there are none
+    kernels = nullcontext() if meta_skinny_gemm is False else skinny_linear(model)
     try:
-        with _candidate_generator_seam(model, candidate_generator), _maybe_skinny(model, skinny):
+        with _candidate_generator_seam(model, candidate_generator), kernels:
             output = GenerationMixin._assisted_decoding(
                 model,
                 input_ids,

@@ -302,3 +302,27 @@ def test_a_fallback_outside_the_pool_is_named(target, target_copy):
         hf_metasd.PolicyArmError, match=r"must select an arm in \[0, 2\), but selected 7\. Fix `BadFallback\.fallback`"
     ):
         metasd_greedy(target, PROMPTS[0], 4, assistant_models=[Silent(), target_copy], meta_policy=BadFallback())
+
+
+def test_a_fallback_that_repeats_an_abstained_arm_cannot_loop_forever(target, target_copy, references):
+    class Stubborn(hf_metasd.RandomPolicy):
+        name = "stubborn"
+
+        def select(self):
+            return 0
+
+        def fallback(self, exclude):
+            return 0
+
+    out = metasd_greedy(
+        target,
+        PROMPTS[0],
+        MAX_NEW,
+        assistant_models=[Silent(), target_copy],
+        meta_policy=Stubborn(),
+        return_dict_in_generate=True,
+    )
+    assert torch.equal(out.sequences, references[0])
+    stats = out.metasd
+    # at most one attempt per drafter and round (the last round has no room to draft)
+    assert sum(stats.drafted) == 0 and 2 * (stats.rounds - 1) <= stats.empty_drafts <= 2 * stats.rounds
