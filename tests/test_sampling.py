@@ -34,13 +34,20 @@ def _exact_joint(target) -> torch.Tensor:
 
 
 def _chi_square_p(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
-    expected = expected_probs.flatten() * counts.sum()
+    """Pearson chi-square p-value of `counts` against `expected_probs`, all in float64.
+
+    scipy (>= 1.17) refuses expected counts whose sum differs from the observed total by more than ~1.5e-8 relative,
+    so the expectations are normalised in float64 and rescaled to the exact observed total after pooling.
+    """
     observed = counts.flatten().double()
+    probs = expected_probs.flatten().double()
+    expected = probs / probs.sum() * observed.sum()
     keep = expected >= 5  # pool the rare cells into one bin so every bin has >= 5 expected
     obs = torch.cat([observed[keep], observed[~keep].sum()[None]])
     exp = torch.cat([expected[keep], expected[~keep].sum()[None]])
-    obs, exp = (obs[exp > 0], exp[exp > 0])
-    return float(scipy_stats.chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
+    obs, exp = obs[exp > 0], exp[exp > 0]
+    exp = exp * (obs.sum() / exp.sum())
+    return float(scipy_stats.chisquare(obs.numpy(), exp.numpy()).pvalue)
 
 
 def _sample_counts(sample_fn) -> torch.Tensor:

@@ -1,0 +1,86 @@
+"""Generate the target's own answers to each task's training prompts: the raw material of task corpus drafters.
+
+For every task of ``<data-dir>/train/`` the prompts are shuffled with ``--seed`` (the same list as
+``train_drafters.shuffled_prompts``); the first ``--val-prompts`` are the development split and are **never**
+generated here, the next ``--max-prompts-per-task`` are answered by the target (greedy, batched with left padding).
+Benchmark prompts (Spec-Bench, HumanEval) are never read.
+
+Answers are cached per task in ``--out/<task>.pt`` (``{"prompts": [[ids]], "outputs": [[ids]], "seconds": s}``) and
+extended incrementally, so a larger ``--max-prompts-per-task`` only generates the new prompts. Run from the repository
+root::
+
+    python recipes/generate_task_outputs.py                       # every task, ~1 h on 2 cores (bf16)
+    python recipes/generate_task_outputs.py --tasks code --max-prompts-per-task 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT / "recipes"))
+
+from train_drafters import TASKS, generate_continuations, shuffled_prompts  # noqa: E402
+
+from hf_metasd.offline import load_default_target  # noqa: E402
+
+
+def task_split(data_dir: Path, task: str, tokenizer, seed: int, val_prompts: int, max_prompt_tokens: int):
+    """``(dev, train)`` lists of ``(text, ids)`` for `task`: the first `val_prompts` shuffled prompts, then the rest."""
+    pairs = shuffled_prompts(data_dir, task, tokenizer, seed, max_prompt_tokens)
+    n_val = min(val_prompts, len(pairs) // 2)
+    return pairs[:n_val], pairs[n_val:]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data-dir", type=Path, default=REPO_ROOT.parent / "shared" / "data")
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "artifacts" / "task-outputs")
+    p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
+    p.add_argument("--max-prompts-per-task", type=int, default=600)
+    p.add_argument("--max-prompt-tokens", type=int, default=768)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--val-prompts", type=int, default=10, help="development prompts per task, never generated here")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--chunk", type=int, default=64, help="prompts generated between two saves of the cache")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    target, tokenizer = load_default_target(getattr(torch, args.dtype))
+    args.out.mkdir(parents=True, exist_ok=True)
+    for task in args.tasks:
+        _, train = task_split(args.data_dir, task, tokenizer, args.seed, args.val_prompts, args.max_prompt_tokens)
+        train = train[: args.max_prompts_per_task]
+        path = args.out / f"{task}.pt"
+        store = torch.load(path) if path.is_file() else {"prompts": [], "outputs": [], "seconds": 0.0}
+        while len(store["prompts"]) < len(train):
+            todo = [ids for _, ids in train[len(store["prompts"]) : len(store["prompts"]) + args.chunk]]
+            start = time.perf_counter()
+            outputs = generate_continuations(
+                target, todo, args.max_new_tokens, args.batch_size, tokenizer.eos_token_id, desc=f"generate {task}"
+            )
+            store["seconds"] += time.perf_counter() - start
+            store["prompts"] += todo
+            store["outputs"] += outputs
+            torch.save(store, path)
+            tokens = sum(len(o) for o in store["outputs"])
+            print(
+                f"{task}: {len(store['prompts'])}/{len(train)} prompts, {tokens} tokens, "
+                f"{tokens / store['seconds']:.0f} tokens/s",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
