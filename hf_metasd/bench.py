@@ -36,6 +36,7 @@ from .drafters import Drafter
 from .generation import generate as metasd_generate
 from .policies import get_policy
 from .prompts import BenchPrompt
+from .stats import TIME_PARTS
 
 __all__ = ["BenchRecord", "Method", "build_methods", "run_bench", "summarize", "write_report"]
 
@@ -52,10 +53,6 @@ DEFAULT_POLICIES = (
     ("ucb-bd (stock gemm)", "ucb", "bd", {"meta_skinny_gemm": False}),
     ("ucb-bd (beta=1)", "ucb", "bd", {"meta_policy_kwargs": {"beta": 1.0}}),
 )
-
-
-#: Parts of a MetaSD call's wall time recorded per run (see `MetaSDStats`).
-TIME_PARTS = ("draft", "prefill", "catch_up", "verify", "policy", "reward", "warm_start")
 
 
 @dataclass
@@ -203,9 +200,17 @@ def build_methods(
             kwargs = metasd(
                 members, meta_policy="ucb", meta_reward=reward, meta_policy_kwargs=dict(settings.get("ucb", {}))
             )
-            methods.append(Method(f"ucb-{reward}[{'+'.join(sub)}]", "metasd", kwargs, arm_map=index))
+            # the sub-pool's no-draft arm (after its drafters) is the pool's (after all of them)
+            arm_map = [*index, len(names)]
+            methods.append(Method(f"ucb-{reward}[{'+'.join(sub)}]", "metasd", kwargs, arm_map=arm_map))
     if full_information:  # every drafter scored every round: traces for `hf_metasd.simulate.replay`
-        methods.append(Method("hedge (full info)", "metasd", metasd(meta_policy="hedge", meta_full_information=True)))
+        methods.append(
+            Method(
+                "hedge (full info)",
+                "metasd",
+                metasd(meta_policy="hedge", meta_full_information=True, meta_reward="bd"),
+            )
+        )
     if stream_policy:
         shared = get_policy("ucb", **settings.get("ucb", {}))
         methods.append(Method("ucb-bd (stream)", "metasd", metasd(meta_policy=shared, meta_reward="bd")))
@@ -300,7 +305,8 @@ def _aggregate(records: list[BenchRecord], baseline: dict[str, float], names: li
         out["ms_per_token"] = {k: 1000 * v / tokens for k, v in split.items()} if tokens else {}
     rounds = [(r.task, a) for r in records for a in r.arms]
     if rounds and any(task in names for task, _ in rounds):
-        out["best_arm_ratio"] = sum(1 for task, a in rounds if task in names and names[a] == task) / len(rounds)
+        hits = sum(1 for task, a in rounds if task in names and a < len(names) and names[a] == task)
+        out["best_arm_ratio"] = hits / len(rounds)
     return out
 
 

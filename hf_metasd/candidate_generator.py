@@ -1,30 +1,50 @@
 """`MetaCandidateGenerator`: transformers' candidate-generator contract over a pool of drafters.
 
-It routes and nothing else: each round the policy selects a drafter, that drafter catches up and drafts, and after
-the target verified, the reward is computed from the logits verification produced and fed back to the policy. Bandit
-maths lives in `hf_metasd.policies`, model code in `hf_metasd.drafters`, rewards in `hf_metasd.rewards`.
+Each round is a fixed sequence of named steps, split over the contract's two methods:
+
+``get_candidates``: `_start_round` (first-round set-up, the prompt warm start before round 2) -> `_select` (the
+policy's arm, or the calibration round below) -> `_draft` (the arm catches up and drafts; an arm that abstains hands
+the round to `Policy.fallback`) -> candidates.
+
+``update_candidate_strategy`` (after the target verified): `_feedback` (what the round tells: acceptance, the
+smoothed costs) -> `_reward` -> `_learn` (the policy's update, and the counterfactual update in full-information
+mode) -> telemetry.
+
+Arms are the pool's drafters plus, when the reward is cost-aware (the default `speed`), the **no-draft arm**: a
+round the target decodes alone (one plain step, no drafter, no catch-up). With it the policy can learn that no
+drafter pays, and a pool of useless drafters converges to plain decoding speed instead of losing to it. The cost
+unit of `speed` is the smoothed cost of a plain step: when it is not known yet (first call for a target), the first
+round after the prompt's prefill is a plain step (the *calibration round*, a pull of the no-draft arm), and the
+reward of the prefill round, whose wall time is dominated by the prompt, waits until its arm's cost is measured.
+
+Bandit maths lives in `hf_metasd.policies`, model code in `hf_metasd.drafters`, reward maths in `hf_metasd.rewards`
+and `hf_metasd.feedback`, costs in `hf_metasd.costs`.
 """
 
 from __future__ import annotations
 
 import operator
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
+from ._validation import check_int
+from .costs import CostModel
 from .drafters import Drafter, unique_names
 from .errors import MetaSDConfigError, PolicyArmError
+from .feedback import counterfactual_feedback, warm_start_rewards
 from .policies import Policy
-from .rewards import RoundFeedback, block_divergence, get_reward, reward_name
+from .rewards import RoundFeedback, get_reward, is_cost_aware, reward_name
 from .stats import MetaSDStats
 
-__all__ = ["MetaCandidateGenerator"]
+__all__ = ["DEFAULT_NUM_ASSISTANT_TOKENS", "NO_DRAFT", "MetaCandidateGenerator"]
 
-DEFAULT_NUM_ASSISTANT_TOKENS = 5
+DEFAULT_NUM_ASSISTANT_TOKENS = 3
+#: Telemetry name of the no-draft arm.
+NO_DRAFT = "no_draft"
 
 
 @dataclass
@@ -34,29 +54,33 @@ class _Round:
     logits: torch.Tensor | None  # (N, V)
     started: float
     verify_started: float
+    abstained: list[int] = field(default_factory=list)
+    prefill_seconds: float = 0.0  # a drafter's first ingest of the prompt: not part of its round cost
+    first: bool = False
 
 
 class MetaCandidateGenerator(CandidateGenerator):
-    """Candidate generator that lets a bandit policy pick one drafter of a pool per round.
+    """Candidate generator that lets a bandit policy pick one arm of a pool per round.
 
     Args:
-        drafters: the pool, one `Drafter` per arm (see `hf_metasd.drafters.as_drafters`).
-        policy: a `Policy`; it is bound to ``len(drafters)`` arms (reset if fresh, kept if it already learnt).
-        reward: ``"bd"`` (default), ``"be"``, ``"cost"`` or a callable ``f(RoundFeedback) -> float``.
-        num_assistant_tokens: draft length ``N`` per round (constant schedule), capped by the length budget.
+        drafters: the call's drafters, one per arm (per-call copies: see `Drafter.spawn`).
+        policy: a `Policy`; it is bound to the number of arms (reset if fresh, kept if it already learnt).
+        reward: ``"speed"`` (default), ``"bd"``, ``"be"``, ``"eal"``, ``"cost"`` or a callable
+            ``f(RoundFeedback) -> float``.
+        num_assistant_tokens: draft length ``N`` per round, capped by the length budget.
         logits_processor: the target's `LogitsProcessorList`; drafters apply it too, so that drafted tokens and the
-            logits used by speculative sampling and BD are the processed ones.
+            logits used by speculative sampling and the rewards are the processed ones.
         generation_config: the call's `GenerationConfig` (for `do_sample` and `max_length`).
-        full_information: after each round, also score every drafter that catches up on the round's accepted tokens
-            against the target (``1 - TV`` at those positions) and pass those counterfactual rewards to
-            `policy.update_all`. Costs each drafter one forward pass per round.
-        warm_start: prompt warm start over a window of the last `warm_start` prompt positions (0: off). The target's
-            first forward pass (its prefill, in round 1) is asked for its logits on that window too
-            (`model_kwargs_overrides`), every drafter with logits prefills the prompt (which it must do anyway before
-            it drafts) keeping its logits on the same window, and before round 2 each such drafter's
-            ``1 - TV(p_target, q_drafter)`` averaged over the window is given to the policy as one observation. This
-            replaces the forced first pull of each drafter (UCB's "try each once"); later exploration is unchanged.
-            Extra cost: the LM heads on `warm_start` positions.
+        full_information: after each round, also score every drafter with logits on the round's accepted tokens (it
+            catches up on them, which it must do anyway before it drafts again) and pass those counterfactual rewards
+            to `policy.update_all`.
+        warm_start: prompt warm start over the last `warm_start` prompt positions (0: off): the target's prefill
+            also returns its logits there, every drafter with logits keeps its own while prefilling the prompt, and
+            before round 2 each gets one observation, its ``1 - TV`` averaged over the window (BD on the prompt).
+        no_draft: whether the pool has the no-draft arm (``None``: exactly when the reward is cost-aware).
+        target: the target model (its process-level cost cache; see `CostModel`).
+        cost_smoothing: the cost model's smoothing.
+        clock: the stopwatch of the call (injectable for tests).
 
     Example:
         >>> import torch
@@ -71,7 +95,7 @@ class MetaCandidateGenerator(CandidateGenerator):
         ...                              generation_config=GenerationConfig(max_length=32))
         >>> candidates, logits = gen.get_candidates(torch.tensor([[1, 2, 3]]))
         >>> candidates.shape, logits.shape, gen.stats.drafter_names
-        (torch.Size([1, 6]), torch.Size([1, 3, 64]), ['d0', 'd1'])
+        (torch.Size([1, 6]), torch.Size([1, 3, 64]), ['d0', 'd1', 'no_draft'])
     """
 
     def __init__(
@@ -79,36 +103,56 @@ class MetaCandidateGenerator(CandidateGenerator):
         drafters: Sequence[Drafter],
         policy: Policy,
         *,
-        reward: str | Callable[[RoundFeedback], float] = "bd",
+        reward: str | Callable[[RoundFeedback], float] = "speed",
         num_assistant_tokens: int = DEFAULT_NUM_ASSISTANT_TOKENS,
         logits_processor: Any = None,
         generation_config: Any = None,
         full_information: bool = False,
         warm_start: int = 0,
+        no_draft: bool | None = None,
+        target: Any = None,
+        cost_smoothing: float = 0.3,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         if not drafters:
             raise MetaSDConfigError(
                 "`assistant_models` must hold at least one drafter, but is empty. Pass e.g. `assistant_models=[drafter]`."
             )
-        if (
-            not isinstance(num_assistant_tokens, int)
-            or isinstance(num_assistant_tokens, bool)
-            or num_assistant_tokens < 1
-        ):
-            raise MetaSDConfigError(
-                f"`num_assistant_tokens` must be an int >= 1, but is {num_assistant_tokens!r}. "
-                f"Use e.g. {DEFAULT_NUM_ASSISTANT_TOKENS}."
-            )
+        check_int(
+            "num_assistant_tokens",
+            num_assistant_tokens,
+            low=1,
+            hint=f"Use e.g. {DEFAULT_NUM_ASSISTANT_TOKENS}.",
+            error=MetaSDConfigError,
+        )
         if not isinstance(warm_start, int) or isinstance(warm_start, bool) or warm_start < 0:
             raise MetaSDConfigError(
-                f"`meta_warm_start` must be an int >= 0 (prompt positions), but is {warm_start!r}. Use e.g. 16, or 0 for off."
+                f"`meta_warm_start` must be an int >= 0 (prompt positions), but is {warm_start!r}. "
+                "Use e.g. 16, or 0 for off."
             )
         if not isinstance(policy, Policy):
             raise TypeError(f"`policy` must be a `Policy`, but is {type(policy).__name__}. Use `get_policy(name)`.")
-        self.drafters = list(drafters)
-        self.policy = policy
-        self.policy.bind(len(self.drafters))
         self.reward = get_reward(reward)
+        self.cost_aware = is_cost_aware(reward)
+        if no_draft is None:
+            no_draft = self.cost_aware
+        if no_draft and not self.cost_aware:
+            raise MetaSDConfigError(
+                f"`meta_no_draft` needs a cost-aware reward to compare drafters with plain decoding, but the reward "
+                f"is {reward_name(reward)!r}. Use `meta_reward='speed'`, or `meta_no_draft=False`."
+            )
+        self.drafters = list(drafters)
+        self.no_draft = bool(no_draft)
+        self.num_arms = len(self.drafters) + self.no_draft
+        self.no_draft_arm = len(self.drafters) if self.no_draft else None
+        if policy.num_arms is not None and policy.num_arms != self.num_arms:
+            arms = f"{len(self.drafters)} drafters" + (" + the no-draft arm" if self.no_draft else "")
+            raise MetaSDConfigError(
+                f"`meta_policy` was bound to {policy.num_arms} arms, but this call has {self.num_arms} ({arms}). "
+                "Call `policy.reset(num_arms)` or pass the policy by name to start fresh."
+            )
+        self.policy = policy
+        self.policy.bind(self.num_arms)
         self.num_assistant_tokens = num_assistant_tokens
         self.logits_processor = logits_processor
         self.do_sample = bool(getattr(generation_config, "do_sample", False))
@@ -119,26 +163,75 @@ class MetaCandidateGenerator(CandidateGenerator):
         # the target's inputs when this is set: the warm start uses both, once.
         self.requires_model_outputs = warm_start > 0
         self.model_kwargs_overrides: dict[str, Any] = {}
-        self._prompt_length: int | None = None
-        self._warm_window = 0
-        self._warm_logits: dict[int, torch.Tensor] = {}
+        names = unique_names(self.drafters) + ([NO_DRAFT] if self.no_draft else [])
+        stats_kwargs = {} if clock is None else {"clock": clock}
         self.stats = MetaSDStats(
-            drafter_names=unique_names(self.drafters),
+            drafter_names=names,
             policy=policy.name or type(policy).__name__,
             reward=reward_name(reward),
             num_assistant_tokens=num_assistant_tokens,
+            **stats_kwargs,
         )
+        self.clock = self.stats.clock
+        keys = [_cost_key(d) for d in self.drafters] + ([NO_DRAFT] if self.no_draft else [])
+        self.costs = CostModel(keys, smoothing=cost_smoothing, target=target)
+        self._prompt_length: int | None = None
+        self._warm_window = 0
+        self._warm_logits: dict[int, torch.Tensor] = {}
         self._pending: _Round | None = None
+        self._deferred: list[RoundFeedback] = []  # prefill-round feedback waiting for its arm's cost
         self._last_arm: int | None = None
         self._seen: set[int] = set()
-        for drafter in self.drafters:
-            drafter.reset()
 
-    # ------------------------------------------------------------------ step 1: select and draft
-    def _select(self) -> int:
-        start = time.perf_counter()
-        choice = self.policy.select()
-        self.stats.policy_seconds += time.perf_counter() - start
+    # ------------------------------------------------------------------ get_candidates
+    def get_candidates(
+        self, input_ids: torch.LongTensor, **kwargs: Any
+    ) -> tuple[torch.LongTensor, torch.Tensor | None]:
+        """Select an arm, let it draft; returns ``(1, L + n)`` candidate ids and ``(1, n, V)`` logits or None."""
+        started = self.clock()
+        if input_ids.shape[0] != 1:
+            raise MetaSDConfigError(
+                f"batch size must be 1 for MetaSD, but is {input_ids.shape[0]}. Call `generate` once per prompt."
+            )
+        first = self._start_round(input_ids, kwargs.get("model_outputs"))
+        arm = self._select(first)
+        num_tokens = self._draft_length(input_ids)
+        if first and self._warm_window:
+            self.model_kwargs_overrides = {"logits_to_keep": self._warm_window + num_tokens + 1}
+        pending = _Round(arm, None, None, started, started, first=first)
+        tokens, logits = self._draft(pending, input_ids, num_tokens, warm=first and self._warm_window > 0)
+        pending.verify_started = self.clock()
+        self._pending = pending
+        if tokens is None:
+            return input_ids, None
+        pending.tokens = tokens[0]
+        pending.logits = None if logits is None else logits[0]
+        return torch.cat([input_ids, tokens.to(input_ids.device)], dim=-1), logits
+
+    def _start_round(self, input_ids: torch.LongTensor, model_outputs: Any) -> bool:
+        """First round: remember the prompt. Round 2: the prompt warm start. Returns whether this is round 1."""
+        if self._prompt_length is None:
+            self._prompt_length = input_ids.shape[1]
+            self._warm_window = min(self.warm_start, input_ids.shape[1] - 1)
+            return True
+        if self._warm_window and model_outputs is not None:
+            with self.stats.timed("warm_start"):
+                self._apply_warm_start(input_ids, model_outputs)
+        return False
+
+    def _select(self, first: bool) -> int:
+        """The policy's arm; the no-draft arm for the calibration round (see the module docstring)."""
+        if (
+            not first
+            and self.no_draft
+            and self.policy.uses_rewards
+            and self.costs.estimate(self.no_draft_arm) is None
+            and self.stats.rounds > 0
+            and self.no_draft_arm not in self.stats.arms
+        ):
+            return self.no_draft_arm
+        with self.stats.timed("policy"):
+            choice = self.policy.select()
         return self._check_arm(choice, "select")
 
     def _check_arm(self, choice: Any, method: str) -> int:
@@ -146,10 +239,10 @@ class MetaCandidateGenerator(CandidateGenerator):
             arm = operator.index(choice)
         except TypeError:
             arm = None
-        if arm is None or not 0 <= arm < len(self.drafters):
+        if arm is None or not 0 <= arm < self.num_arms:
             raise PolicyArmError(
-                f"policy {self.stats.policy!r} must select an arm in [0, {len(self.drafters)}), but selected "
-                f"{choice!r}. Fix `{type(self.policy).__name__}.{method}` to return a drafter index."
+                f"policy {self.stats.policy!r} must select an arm in [0, {self.num_arms}), but selected "
+                f"{choice!r}. Fix `{type(self.policy).__name__}.{method}` to return an arm index."
             )
         return arm
 
@@ -158,174 +251,182 @@ class MetaCandidateGenerator(CandidateGenerator):
             return self.num_assistant_tokens
         return max(0, min(self.num_assistant_tokens, self.max_length - input_ids.shape[1] - 1))
 
-    def _catch_up(self, arm: int, input_ids: torch.LongTensor, *, warm: bool = False) -> None:
-        drafter = self.drafters[arm]
-        start = time.perf_counter()
-        if warm and drafter.returns_logits:
-            # logits at positions L - w - 1 .. L - 1; the first w predict the last w prompt tokens
-            logits = drafter.catch_up(input_ids, return_logits=self._warm_window + 1)
-            if logits is not None and logits.shape[1] == self._warm_window + 1:
-                self._warm_logits[arm] = logits[0, : self._warm_window]
-        else:
-            drafter.catch_up(input_ids)
-        seconds = time.perf_counter() - start
-        # A drafter that also drafted the previous round only ingests the accepted + bonus tokens: that is ordinary
-        # drafting cost. Its first ingest of the sequence is its prompt prefill (any drafter pays it, alone or in a
-        # pool). Anything else (rounds missed while others drafted) is the cost of switching: catch-up.
-        if self._last_arm == arm:
-            self.stats.draft_seconds += seconds
-        elif arm not in self._seen:
-            self._seen.add(arm)
-            self.stats.prefill_seconds += seconds
-        else:
-            self.stats.catch_up_seconds += seconds
-
-    def get_candidates(
-        self, input_ids: torch.LongTensor, **kwargs: Any
-    ) -> tuple[torch.LongTensor, torch.Tensor | None]:
-        """Select a drafter, let it draft; returns ``(1, L + n)`` candidate ids and ``(1, n, V)`` logits or None."""
-        started = time.perf_counter()
-        if input_ids.shape[0] != 1:
-            raise MetaSDConfigError(
-                f"batch size must be 1 for MetaSD, but is {input_ids.shape[0]}. Call `generate` once per prompt."
-            )
-        first_round = self._prompt_length is None
-        if first_round:
-            self._prompt_length = input_ids.shape[1]
-            self._warm_window = min(self.warm_start, input_ids.shape[1] - 1)
-        elif self._warm_window and kwargs.get("model_outputs") is not None:
-            self._apply_warm_start(input_ids, kwargs["model_outputs"])
-        arm = self._select()
-        num_tokens = self._draft_length(input_ids)
-        if first_round and self._warm_window:
-            self.model_kwargs_overrides = {"logits_to_keep": self._warm_window + num_tokens + 1}
-        if num_tokens == 0:
-            self.stats.catch_up_tokens.append(0)
-            self._pending = _Round(arm, None, None, started, time.perf_counter())
-            return input_ids, None
-        abstained: set[int] = set()
-        for _ in range(len(self.drafters)):  # bounded even if a custom `fallback` repeats an abstained arm
-            self._catch_up(arm, input_ids, warm=first_round and self._warm_window > 0)
-            start = time.perf_counter()
-            tokens, logits = self.drafters[arm].draft(
-                input_ids, num_tokens, logits_processor=self.logits_processor, do_sample=self.do_sample
-            )
-            now = time.perf_counter()
-            self.stats.draft_seconds += now - start
+    def _draft(
+        self, pending: _Round, input_ids: torch.LongTensor, num_tokens: int, *, warm: bool
+    ) -> tuple[torch.LongTensor | None, torch.Tensor | None]:
+        """Let `pending.arm` catch up and draft; on abstention, ask the policy's fallback (bounded by the pool)."""
+        for _ in range(self.num_arms):
+            arm = pending.arm
+            if arm == self.no_draft_arm or num_tokens == 0:
+                return None, None
+            self._catch_up(pending, input_ids, warm=warm)
+            with self.stats.timed("draft"):
+                tokens, logits = self.drafters[arm].draft(
+                    input_ids, num_tokens, logits_processor=self.logits_processor, do_sample=self.do_sample
+                )
             self._last_arm = arm
             if tokens.shape[-1] > 0:
-                break
+                return tokens, logits
             # The drafter abstained (nothing to propose, e.g. no n-gram match). That is not a pull: nothing is
             # learnt about its drafts, so the policy is not updated; the round goes to the policy's fallback.
-            self.stats.empty_drafts += 1
-            abstained.add(arm)
-            start = time.perf_counter()
-            fallback = self.policy.fallback(abstained)
-            self.stats.policy_seconds += time.perf_counter() - start
+            pending.abstained.append(arm)
+            with self.stats.timed("policy"):
+                fallback = self.policy.fallback(set(pending.abstained))
             if fallback is None:
-                break
-            arm = self._check_arm(fallback, "fallback")
-        self.stats.catch_up_tokens.append(self.drafters[arm].last_catch_up_tokens)
-        if tokens.shape[-1] == 0:
-            self._pending = _Round(arm, None, None, started, now)
-            return input_ids, None
-        tokens = tokens.to(input_ids.device)
-        self._pending = _Round(arm, tokens[0], None if logits is None else logits[0], started, now)
-        return torch.cat([input_ids, tokens], dim=-1), logits
+                return None, None
+            pending.arm = self._check_arm(fallback, "fallback")
+        return None, None
+
+    def _catch_up(self, pending: _Round, input_ids: torch.LongTensor, *, warm: bool) -> None:
+        # A drafter that also drafted the previous round only ingests the accepted + bonus tokens: ordinary drafting
+        # cost. Its first ingest of the sequence is its prompt prefill (any drafter pays it, alone or in a pool).
+        # Anything else (rounds missed while other arms ran) is the cost of switching: catch-up.
+        arm, drafter = pending.arm, self.drafters[pending.arm]
+        part = "draft" if self._last_arm == arm else ("catch_up" if arm in self._seen else "prefill")
+        start = self.clock()
+        with self.stats.timed(part):
+            if warm and drafter.returns_logits:
+                # logits at positions L - w - 1 .. L - 1; the first w predict the last w prompt tokens
+                logits = drafter.catch_up(input_ids, return_logits=self._warm_window + 1)
+                if logits is not None and logits.shape[1] == self._warm_window + 1:
+                    self._warm_logits[arm] = logits[0, : self._warm_window]
+            else:
+                drafter.catch_up(input_ids)
+        if part == "prefill":
+            pending.prefill_seconds += self.clock() - start
+        self._seen.add(arm)
 
     def _apply_warm_start(self, input_ids: torch.LongTensor, model_outputs: Any) -> None:
-        """Before round 2: score every drafter with logits on the prompt window against the target (see `warm_start`)."""
-        start = time.perf_counter()
+        """Before round 2: one BD observation on the prompt window per drafter with logits (see `warm_start`)."""
         window, length = self._warm_window, self._prompt_length
         self._warm_window = 0
         self.model_kwargs_overrides = {}
-        logits = getattr(model_outputs, "logits", None)
-        if logits is None or logits.shape[1] < window:
-            return
-        target = logits[0, :window].float()
-        tokens = input_ids[0, length - window : length]
-        rewards: dict[int, float] = {}
-        for arm, drafter in enumerate(self.drafters):
-            if not drafter.returns_logits:
-                continue
-            drafted = self._warm_logits.pop(arm, None)
-            if drafted is None:  # prefill now, keeping the logits from position L - w - 1 on
-                full = drafter.catch_up(input_ids, return_logits=input_ids.shape[1] - (length - window - 1))
-                if full is None or full.shape[1] < window:
-                    continue
-                drafted = full[0, :window]
-            self._seen.add(arm)  # its prompt prefill happened here (timed as warm start)
-            rewards[arm] = block_divergence(target, tokens, drafted.to(target.device))
+        rewards = warm_start_rewards(
+            self.drafters, input_ids, model_outputs, window, length, self._warm_logits, seen=self._seen
+        )
         for arm, reward in rewards.items():
             self.policy.update(arm, reward)
         self.stats.warm_start_rewards = rewards
-        self.stats.warm_start_seconds += time.perf_counter() - start
 
-    # ------------------------------------------------------------------ step 2: learn from verification
-    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:
-        """Reward the drafter of this round from the target's processed logits `scores` ``(1, n + 1, V)``."""
-        now = time.perf_counter()
+    # ------------------------------------------------------------------ update_candidate_strategy
+    def update_candidate_strategy(
+        self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int, *, num_kept: int | None = None
+    ) -> None:
+        """Learn from the verification of this round: `scores` ``(1, n + 1, V)`` are the target's processed logits,
+        `num_matches` the drafted tokens it accepted, `num_kept` the tokens the round added after stopping criteria
+        (default: ``num_matches + 1``)."""
         pending, self._pending = self._pending, None
         if pending is None:  # called without get_candidates: nothing to learn
             return
-        self.stats.verify_seconds += now - pending.verify_started
+        drafted = 0 if pending.tokens is None else int(pending.tokens.shape[0])
+        accepted = min(int(num_matches), drafted)
+        kept = accepted + 1 if num_kept is None else int(num_kept)
+        feedback = self._feedback(pending, scores, accepted)
+        reward = None
+        if feedback is not None:
+            reward = self._learn(feedback, input_ids, scores, pending)
         stats = self.stats
         stats.arms.append(pending.arm)
-        if pending.tokens is None:
-            stats.drafted.append(0)
-            stats.accepted.append(0)
-            stats.rewards.append(None)
-            return
-        drafted = pending.tokens.shape[0]
-        accepted = min(int(num_matches), drafted)
-        feedback = RoundFeedback(
-            arm=pending.arm,
-            draft_tokens=pending.tokens,
-            target_logits=scores[0, :drafted],
+        stats.drafted.append(drafted)
+        stats.accepted.append(min(accepted, kept))
+        stats.new_tokens.append(kept)
+        stats.rewards.append(reward)
+        stats.abstained.append(list(pending.abstained))
+        stats.catch_up_tokens.append(
+            self.drafters[pending.arm].last_catch_up_tokens if pending.arm != self.no_draft_arm else 0
+        )
+
+    def _feedback(self, pending: _Round, scores: torch.Tensor, accepted: int) -> RoundFeedback | None:
+        """The round as the reward sees it; folds the round's measured cost into the cost model.
+
+        Returns None when the policy is not to learn from this round: a plain step that the policy did not choose
+        (every drafter it asked abstained and the fallback gave up), or the length limit left nothing to draft.
+        """
+        arm = pending.arm
+        is_plain = pending.tokens is None
+        seconds = self.clock() - pending.started
+        if not pending.first:
+            if is_plain and self.no_draft:
+                self.costs.observe(self.no_draft_arm, seconds)
+            elif not is_plain:
+                self.costs.observe(arm, seconds - pending.prefill_seconds)
+        if is_plain and arm != self.no_draft_arm:
+            return None
+        tokens = pending.tokens if not is_plain else scores.new_zeros(0, dtype=torch.long)
+        return RoundFeedback(
+            arm=arm,
+            draft_tokens=tokens,
+            target_logits=scores[0, : tokens.shape[0]],
             draft_logits=pending.logits,
             num_accepted=accepted,
-            seconds=now - pending.started,
+            seconds=seconds,
             draft_seconds=pending.verify_started - pending.started,
+            do_sample=self.do_sample,
+            num_assistant_tokens=self.num_assistant_tokens,
+            arm_seconds=self.costs.estimate(arm),
+            plain_seconds=self.costs.estimate(self.no_draft_arm) if self.no_draft else None,
         )
-        start = time.perf_counter()
-        reward = float(self.reward(feedback))
-        mid = time.perf_counter()
-        self.policy.update(pending.arm, reward)
+
+    def _reward(self, feedback: RoundFeedback) -> float | None:
+        """The reward of `feedback`, or None while a cost-aware reward's costs are unknown."""
+        if self.cost_aware and (feedback.arm_seconds is None or feedback.plain_seconds is None):
+            return None
+        with self.stats.timed("reward"):
+            return float(self.reward(feedback))
+
+    def _learn(
+        self, feedback: RoundFeedback, input_ids: torch.LongTensor, scores: torch.Tensor, pending: _Round
+    ) -> float | None:
+        """Update the policy with this round (and any deferred prefill round whose cost is now known)."""
+        still_deferred = []
+        for old in self._deferred:
+            old.arm_seconds = self.costs.estimate(old.arm)
+            old.plain_seconds = self.costs.estimate(self.no_draft_arm) if self.no_draft else None
+            late = self._reward(old)
+            if late is None:
+                still_deferred.append(old)
+                continue
+            with self.stats.timed("policy"):
+                self.policy.update(old.arm, late)
+            self.stats.rewards[0] = late  # the prefill round is round 0
+        self._deferred = still_deferred
+        reward = self._reward(feedback)
+        if reward is None:
+            if pending.first:
+                self._deferred.append(feedback)
+            return None
+        with self.stats.timed("policy"):
+            self.policy.update(feedback.arm, reward)
         if self.full_information:
-            self._update_counterfactual(input_ids, scores, pending.arm, reward, accepted)
-        end = time.perf_counter()
-        stats.reward_seconds += mid - start
-        stats.policy_seconds += end - mid
-        stats.drafted.append(drafted)
-        stats.accepted.append(accepted)
-        stats.rewards.append(reward)
+            self._learn_counterfactual(feedback, input_ids, scores, reward)
+        return reward
 
-    def _update_counterfactual(
-        self, input_ids: torch.LongTensor, scores: torch.Tensor, arm: int, reward: float, accepted: int
+    def _learn_counterfactual(
+        self, feedback: RoundFeedback, input_ids: torch.LongTensor, scores: torch.Tensor, reward: float
     ) -> None:
-        """Full information: every other drafter scores ``1 - TV`` on this round's accepted positions for free-ish.
-
-        Each other drafter catches up on the new tokens (which it must do anyway before it drafts again) and returns
-        its logits there; positions ``L - accepted - 1 .. L - 1`` of the new sequence are those the target's `scores`
-        cover, so BD is computed on the accepted tokens plus the bonus token.
-        """
-        rewards = {arm: reward}
-        accepted_by = {arm: accepted}
-        num = accepted + 1
-        target = scores[0, :num]
-        tokens = input_ids[0, -num:]
-        for other, drafter in enumerate(self.drafters):
-            if other == arm or not drafter.returns_logits:
-                continue
-            start = time.perf_counter()
-            logits = drafter.catch_up(input_ids[:, :-1], return_logits=True)
-            self.stats.catch_up_seconds += time.perf_counter() - start
-            if logits is None or logits.shape[1] < num:
-                continue
-            rewards[other] = block_divergence(target, tokens, logits[0, -num:])
-            # greedy drafts it would have accepted, observable only inside this round's verified window
-            matches = (logits[0, -num:].argmax(-1).to(tokens.device) == tokens).long()
-            accepted_by[other] = min(int(matches.cumprod(0).sum()), self.num_assistant_tokens)
+        """Full information: every other drafter with logits is scored on this round's accepted window."""
+        rewards = {feedback.arm: reward}
+        accepted_by = {feedback.arm: feedback.num_accepted}
+        with self.stats.timed("catch_up"):
+            observed = counterfactual_feedback(
+                self.drafters, feedback, input_ids, scores, self.num_assistant_tokens, skip={feedback.arm}
+            )
+        for other, (counterfactual, matches) in observed.items():
+            counterfactual.arm_seconds = self.costs.estimate(other)
+            counterfactual.plain_seconds = feedback.plain_seconds
+            value = self._reward(counterfactual)
+            if value is not None:
+                rewards[other] = value
+                accepted_by[other] = matches
+        if self.no_draft and self.no_draft_arm != feedback.arm and feedback.plain_seconds is not None:
+            rewards[self.no_draft_arm] = 1.0 / (self.num_assistant_tokens + 1)
         self.stats.counterfactual_rewards.append(rewards)
         self.stats.counterfactual_accepted.append(accepted_by)
-        self.policy.update_all(rewards)
+        with self.stats.timed("policy"):
+            self.policy.update_all(rewards)
+
+
+def _cost_key(drafter: Drafter) -> tuple[Any, ...]:
+    """What identifies a drafter's cost across calls: its kind, name and the object holding its weights."""
+    holder = getattr(drafter, "model", None)
+    return (drafter.kind, drafter.name, id(holder) if holder is not None else None)

@@ -13,6 +13,7 @@ __all__ = [
     "MetaSDConfigError",
     "PolicyArmError",
     "UnknownPolicyError",
+    "UnknownPolicySettingError",
     "UnknownRewardError",
 ]
 
@@ -26,6 +27,13 @@ class UnknownPolicyError(MetaSDConfigError, KeyError):
 
     def __str__(self) -> str:  # KeyError would otherwise quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class UnknownPolicySettingError(MetaSDConfigError, TypeError):
+    """`meta_policy_kwargs` names a setting the policy does not have.
+
+    Also a `TypeError`, which is what the policy's constructor raised for an unknown keyword before this check.
+    """
 
 
 class UnknownRewardError(MetaSDConfigError, KeyError):

@@ -1,4 +1,4 @@
-"""The one seam between MetaSD and `model.generate`.
+"""The one seam between MetaSD and `model.generate`, and the one place for a call's defaults.
 
 Two ways in, same result:
 
@@ -8,40 +8,55 @@ Two ways in, same result:
   `GenerationMixin.generate`; a call without `assistant_models` goes to the original method untouched, and `disable`
   restores it.
 
-The draft-and-verify loop itself is transformers' assisted-decoding loop (`GenerationMixin._assisted_decoding`), so
-stopping criteria, logits processors, speculative sampling, streamers and `return_dict_in_generate` behave as in
-transformers; MetaSD only provides the candidate generator for that loop.
+The draft-and-verify loop is `hf_metasd.decoding.assisted_decoding` (transformers' assisted decoding, stopping
+where plain `generate` stops). A call never changes the user's objects: it drafts with per-call copies of the pool's
+drafters (`Drafter.spawn`), so one pool can serve concurrent calls, and every drafter's modules get their training
+flag and active adapter back when the call ends (`Drafter.in_use`).
+
+**Settings and their precedence** (as in transformers): a call's keyword argument wins over the same key on the
+`GenerationConfig` passed to `generate`, which wins over ``model.generation_config``, which wins over the pool's
+defaults (`DrafterPool`), which win over `DEFAULTS`. The keys are `SETTINGS`: ``num_assistant_tokens`` (the
+standard transformers field) and the ``meta_*`` keys; a ``meta_*`` key that is not one of them is refused.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
 
+from ._validation import check_int
 from .candidate_generator import DEFAULT_NUM_ASSISTANT_TOKENS, MetaCandidateGenerator
+from .decoding import assisted_decoding
 from .drafters import as_drafters
 from .errors import MetaSDConfigError
-from .kernels import skinny_linear
+from .kernels import DEFAULT_MAX_ROWS, KernelChoice, choose_verification_kernel, skinny_linear
 from .policies import Policy, get_policy
 from .rewards import RoundFeedback, get_reward
 from .stats import MetaSDStats
 
-__all__ = ["MetaSDGenerateOutput", "disable", "enable", "generate", "is_enabled"]
+__all__ = ["DEFAULTS", "SETTINGS", "MetaSDGenerateOutput", "disable", "enable", "generate", "is_enabled"]
 
+#: The library's defaults for every MetaSD setting (the last level of the precedence above).
+DEFAULTS: dict[str, Any] = {
+    "num_assistant_tokens": DEFAULT_NUM_ASSISTANT_TOKENS,
+    "meta_policy": "ucb",
+    "meta_policy_kwargs": None,
+    "meta_reward": "speed",
+    "meta_full_information": False,
+    "meta_warm_start": 0,
+    "meta_skinny_gemm": None,
+    "meta_no_draft": None,
+}
+#: Every setting a MetaSD call reads, by name.
+SETTINGS = tuple(DEFAULTS)
 #: keyword arguments that only mean something together with `assistant_models`.
-META_KWARGS = (
-    "meta_policy",
-    "meta_policy_kwargs",
-    "meta_reward",
-    "meta_full_information",
-    "meta_warm_start",
-    "meta_skinny_gemm",
-)
+META_KWARGS = tuple(k for k in SETTINGS if k.startswith("meta_"))
 
 
 @dataclass
@@ -51,33 +66,98 @@ class MetaSDGenerateOutput(GenerateDecoderOnlyOutput):
     metasd: MetaSDStats | None = None
 
 
+# ---------------------------------------------------------------------- settings
+def _check_meta_keys(keys: Any, where: str) -> None:
+    unknown = sorted(k for k in keys if isinstance(k, str) and k.startswith("meta_") and k not in SETTINGS)
+    if unknown:
+        raise MetaSDConfigError(
+            f"{where} must use the MetaSD settings {sorted(META_KWARGS)}, but has unknown {unknown}. "
+            "Fix the spelling or drop the key."
+        )
+
+
+def _config_value(generation_config: Any, key: str) -> Any:
+    """A setting from the call's merged `GenerationConfig` (passed config over the model's), or None if unset.
+
+    transformers fills `num_assistant_tokens` with its global default (20) when nothing set it; that value is
+    treated as unset, so the pool's draft length applies (pass ``num_assistant_tokens=20`` to `generate` to ask for
+    exactly 20).
+    """
+    value = getattr(generation_config, key, None)
+    if key == "num_assistant_tokens" and value is not None:
+        defaults = generation_config._get_default_generation_params()
+        if value == defaults.get("num_assistant_tokens"):
+            return None
+    return value
+
+
+def resolve_settings(
+    call: dict[str, Any], generation_config: Any, pool_defaults: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Every setting of `SETTINGS` with the precedence of the module docstring (call > configs > pool > defaults).
+
+    Example:
+        >>> from transformers import GenerationConfig
+        >>> settings = resolve_settings({"meta_reward": "be"}, GenerationConfig(meta_policy="exp3"),
+        ...                             {"num_assistant_tokens": 4, "meta_policy": "ucb"})
+        >>> settings["meta_reward"], settings["meta_policy"], settings["num_assistant_tokens"]
+        ('be', 'exp3', 4)
+    """
+    _check_meta_keys(vars(generation_config), "the `GenerationConfig`")
+    pool_defaults = pool_defaults or {}
+    out: dict[str, Any] = {}
+    for key in SETTINGS:
+        for source in (call.get(key), _config_value(generation_config, key), pool_defaults.get(key)):
+            if source is not None:
+                out[key] = source
+                break
+        else:
+            out[key] = DEFAULTS[key]
+    if out["meta_policy"] is not call.get("meta_policy") and call.get("meta_policy_kwargs") is None:
+        # settings belong to the policy they came with: a policy from a lower level brings its own settings
+        level_kwargs = (
+            _config_value(generation_config, "meta_policy_kwargs")
+            if _config_value(generation_config, "meta_policy") is not None
+            else pool_defaults.get("meta_policy_kwargs")
+        )
+        out["meta_policy_kwargs"] = level_kwargs
+    return out
+
+
+def _check_settings(settings: dict[str, Any]) -> None:
+    for key in ("meta_full_information",):
+        if not isinstance(settings[key], bool):
+            raise MetaSDConfigError(f"`{key}` must be True or False, but is {settings[key]!r}. Pass a bool.")
+    for key in ("meta_skinny_gemm", "meta_no_draft"):
+        if settings[key] is not None and not isinstance(settings[key], bool):
+            raise MetaSDConfigError(
+                f"`{key}` must be True, False or None (automatic), but is {settings[key]!r}. Pass a bool, or leave it out."
+            )
+    check_int(
+        "num_assistant_tokens",
+        settings["num_assistant_tokens"],
+        low=1,
+        hint=f"Use e.g. {DEFAULT_NUM_ASSISTANT_TOKENS}.",
+        error=MetaSDConfigError,
+    )
+    warm = settings["meta_warm_start"]
+    if not isinstance(warm, int) or isinstance(warm, bool) or warm < 0:
+        raise MetaSDConfigError(
+            f"`meta_warm_start` must be an int >= 0 (prompt positions), but is {warm!r}. Use e.g. 16, or 0 for off."
+        )
+
+
+# ---------------------------------------------------------------------- building a call
 def _pool_from(assistant_models: Any) -> tuple[Any, dict[str, Any]]:
-    """Split a pool object (anything with `drafters` and `generate_kwargs()`) into drafters and its defaults."""
-    if hasattr(assistant_models, "drafters") and hasattr(assistant_models, "generate_kwargs"):
-        return assistant_models.drafters, dict(assistant_models.generate_kwargs())
+    """Split a `DrafterPool` into its drafters and its defaults; anything else is a list of drafters."""
+    from .pool import DrafterPool
+
+    if isinstance(assistant_models, DrafterPool):
+        return assistant_models.drafters, assistant_models.generate_kwargs()
     return assistant_models, {}
 
 
-def build_candidate_generator(
-    model: Any,
-    generation_config: Any,
-    logits_processor: Any,
-    input_ids: Any,
-    *,
-    assistant_models: Any,
-    meta_policy: str | Policy,
-    meta_policy_kwargs: dict[str, Any] | None,
-    meta_reward: str | Callable[[RoundFeedback], float],
-    num_assistant_tokens: int | None,
-    meta_full_information: bool,
-    meta_warm_start: int = 0,
-) -> MetaCandidateGenerator:
-    """Validate everything a MetaSD call needs, before any forward pass, and build its candidate generator."""
-    if assistant_models is None:
-        raise MetaSDConfigError(
-            "`assistant_models` must be given to `hf_metasd.generate`, but is None. "
-            "Pass e.g. `assistant_models=[drafter]`, or drop `custom_generate` for plain `generate`."
-        )
+def _check_target(model: Any, generation_config: Any, input_ids: Any) -> None:
     if getattr(model.config, "is_encoder_decoder", False):
         raise MetaSDConfigError(
             f"the target must be a decoder-only model, but {type(model).__name__} is encoder-decoder. "
@@ -107,43 +187,103 @@ def build_candidate_generator(
             f"`assistant_ensemble_weight` must be None for MetaSD (it changes the output distribution), but is "
             f"{generation_config.assistant_ensemble_weight}. Drop it: MetaSD is lossless."
         )
+    for key in ("prompt_lookup_num_tokens", "assistant_early_exit"):
+        if getattr(generation_config, key, None) is not None:
+            raise MetaSDConfigError(
+                f"`{key}` must be None when `assistant_models` is given, but is {getattr(generation_config, key)!r}. "
+                "Put that drafter in the pool instead (`hf_metasd.drafters.PromptLookupDrafter()`, "
+                "`hf_metasd.drafters.EarlyExitDrafter(target, k)`)."
+            )
+
+
+def build_candidate_generator(
+    model: Any,
+    generation_config: Any,
+    logits_processor: Any,
+    input_ids: Any,
+    *,
+    assistant_models: Any,
+    settings: dict[str, Any] | None = None,
+    **call: Any,
+) -> MetaCandidateGenerator:
+    """Validate everything a MetaSD call needs, before any forward pass, and build its candidate generator.
+
+    The drafters are per-call copies (`Drafter.spawn`) of the pool's; `settings` are resolved with
+    `resolve_settings` from `call` when not given.
+    """
+    if assistant_models is None:
+        raise MetaSDConfigError(
+            "`assistant_models` must be given to `hf_metasd.generate`, but is None. "
+            "Pass e.g. `assistant_models=[drafter]`, or drop `custom_generate` for plain `generate`."
+        )
+    _check_target(model, generation_config, input_ids)
     drafters, pool_defaults = _pool_from(assistant_models)
     drafters = as_drafters(drafters, model)
     for drafter in drafters:
         drafter.check_compatible(model)
-    if meta_policy is None:
-        meta_policy = pool_defaults.get("meta_policy", "ucb")
-        meta_policy_kwargs = meta_policy_kwargs or pool_defaults.get("meta_policy_kwargs")
-    if meta_reward is None:
-        meta_reward = pool_defaults.get("meta_reward", "bd")
-    if num_assistant_tokens is None:
-        num_assistant_tokens = pool_defaults.get("num_assistant_tokens", DEFAULT_NUM_ASSISTANT_TOKENS)
-    policy = get_policy(meta_policy, **(meta_policy_kwargs or {}))
-    get_reward(meta_reward)  # validate the name before any compute
+    if settings is None:
+        settings = resolve_settings(call, generation_config, pool_defaults)
+    _check_settings(settings)
+    policy = get_policy(settings["meta_policy"], **_policy_kwargs(settings["meta_policy_kwargs"]))
+    reward = settings["meta_reward"]
+    get_reward(reward)  # validate the name before any compute
     return MetaCandidateGenerator(
-        drafters,
+        [d.spawn(model) for d in drafters],
         policy,
-        reward=meta_reward,
-        num_assistant_tokens=num_assistant_tokens,
+        reward=reward,
+        num_assistant_tokens=settings["num_assistant_tokens"],
         logits_processor=logits_processor,
         generation_config=generation_config,
-        full_information=meta_full_information,
-        warm_start=meta_warm_start,
+        full_information=settings["meta_full_information"] or policy.full_information,
+        warm_start=settings["meta_warm_start"],
+        no_draft=settings["meta_no_draft"],
+        target=model,
     )
 
 
+def _policy_kwargs(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError(
+            f"`meta_policy_kwargs` must be a dict of policy settings, but is {type(value).__name__} {value!r}. "
+            'Pass e.g. `meta_policy_kwargs={"beta": 0.5}`.'
+        )
+    return value
+
+
+def _kernel_choice(model: Any, skinny: bool | None, num_assistant_tokens: int) -> KernelChoice:
+    """The verification kernel: forced by the user, else measured once per process (see `hf_metasd.kernels`)."""
+    rows = num_assistant_tokens + 1
+    if skinny is not None:
+        return KernelChoice("skinny" if skinny else "stock")
+    if rows > DEFAULT_MAX_ROWS:
+        return KernelChoice("stock")
+    return choose_verification_kernel(model, [rows])
+
+
+def _caller_locals() -> dict[str, Any]:
+    """The local variables of the transformers `generate` call that called us (or an empty dict).
+
+    transformers (5.x) hands a callable `custom_generate` neither the `streamer` nor the `assistant_model` given to
+    `generate`; both are still that call's arguments, so they are read from its frame.
+    """
+    frame = sys._getframe(1)
+    for _ in range(8):
+        frame = frame.f_back
+        if frame is None:
+            return {}
+        if frame.f_code.co_name == "generate" and frame.f_globals.get("__name__") == "transformers.generation.utils":
+            return frame.f_locals
+    return {}
+
+
 @contextmanager
-def _candidate_generator_seam(model: Any, candidate_generator: MetaCandidateGenerator) -> Iterator[None]:
-    """Make `model._get_candidate_generator` return ours for the duration of one call."""
-
-    def _get_candidate_generator(*args: Any, **kwargs: Any) -> MetaCandidateGenerator:
-        return candidate_generator
-
-    model.__dict__["_get_candidate_generator"] = _get_candidate_generator
-    try:
+def _in_use(drafters: Any) -> Iterator[None]:
+    with ExitStack() as stack:
+        for drafter in drafters:
+            stack.enter_context(drafter.in_use())
         yield
-    finally:
-        model.__dict__.pop("_get_candidate_generator", None)
 
 
 def generate(
@@ -159,76 +299,97 @@ def generate(
     meta_policy_kwargs: dict[str, Any] | None = None,
     meta_reward: str | Callable[[RoundFeedback], float] | None = None,
     num_assistant_tokens: int | None = None,
-    meta_full_information: bool = False,
-    meta_warm_start: int = 0,
+    meta_full_information: bool | None = None,
+    meta_warm_start: int | None = None,
     meta_skinny_gemm: bool | None = None,
+    meta_no_draft: bool | None = None,
     metasd_streamer: Any = None,
     **model_kwargs: Any,
 ) -> Any:
     """MetaSD decoding method, for ``model.generate(..., custom_generate=hf_metasd.generate)``.
 
+    Every setting left at None takes the next level of the precedence in the module docstring.
+
     Args:
         assistant_models: the pool: a list mixing transformers causal LMs, peft models (one arm per adapter) and
-            `Drafter` objects, or a `DrafterPool` (which brings its own policy, reward and draft length defaults).
+            `Drafter` objects, or a `DrafterPool` (which brings its own defaults).
         meta_policy: a registered policy name (a fresh policy per call, as in the paper) or a `Policy` instance
-            (keeps learning across calls). Default ``"ucb"``.
+            (keeps learning across calls: the serving pattern). Default ``"ucb"``.
         meta_policy_kwargs: settings for a policy given by name, e.g. ``{"beta": 0.5}``.
-        meta_reward: ``"bd"`` (default), ``"be"``, ``"cost"`` or a callable ``f(RoundFeedback) -> float``.
-        num_assistant_tokens: tokens drafted per round (default 5).
-        meta_full_information: also score the drafters that did not draft (see `MetaCandidateGenerator`).
-        meta_warm_start: prompt warm start over this many last prompt positions (0: off; see
-            `MetaCandidateGenerator`).
-        meta_skinny_gemm: compute the target's float32 CPU linear layers as ``(W @ x.T).T`` during the call when 2
-            to 8 tokens go through (the verification passes; see `hf_metasd.kernels`). ``None`` (default): on when
-            the target has such layers; ``False``: transformers' kernels throughout.
-        metasd_streamer: a streamer; transformers does not forward `streamer` to custom decoding methods, so pass it
-            under this name with `custom_generate` (with `hf_metasd.enable()`, `streamer=` works as usual).
+        meta_reward: ``"speed"`` (default: tokens per second of the round, comparable with plain decoding), ``"bd"``,
+            ``"be"``, ``"eal"``, ``"cost"`` or a callable ``f(RoundFeedback) -> float``.
+        num_assistant_tokens: tokens drafted per round (default 3).
+        meta_full_information: also score the drafters that did not draft (see `MetaCandidateGenerator`); on by
+            itself for full-information policies (``hedge``).
+        meta_warm_start: prompt warm start over this many last prompt positions (0: off).
+        meta_skinny_gemm: the CPU verification kernel (see `hf_metasd.kernels`): ``None`` (default) measures which
+            is faster on this machine, once per process; ``True`` / ``False`` force the transposed / stock product.
+        meta_no_draft: whether the policy may give a round to the target alone (``None``: when the reward is
+            cost-aware, as the default ``speed``).
+        metasd_streamer: another way to pass a streamer (kept for compatibility; ``streamer=`` works).
 
     Returns:
         What `generate` returns; with ``return_dict_in_generate=True`` a `MetaSDGenerateOutput` whose `metasd` holds
         the per-round telemetry.
     """
-    if meta_skinny_gemm is not None and not isinstance(meta_skinny_gemm, bool):
+    if synced_gpus:
         raise MetaSDConfigError(
-            f"`meta_skinny_gemm` must be True, False or None (automatic), but is {meta_skinny_gemm!r}. "
-            "Pass a bool, or leave it out."
+            "`synced_gpus` must be False for MetaSD (one process drafts and verifies), but is True. "
+            "Run the target on one process; place it across devices with `device_map` instead."
         )
+    call = {
+        "meta_policy": meta_policy,
+        "meta_policy_kwargs": meta_policy_kwargs,
+        "meta_reward": meta_reward,
+        "num_assistant_tokens": num_assistant_tokens,
+        "meta_full_information": meta_full_information,
+        "meta_warm_start": meta_warm_start,
+        "meta_skinny_gemm": meta_skinny_gemm,
+        "meta_no_draft": meta_no_draft,
+    }
+    _check_meta_keys(model_kwargs, "`generate`'s keyword arguments")
+    caller = _caller_locals()
+    if caller.get("assistant_model") is not None:
+        raise MetaSDConfigError(
+            "`assistant_model` must be None when `assistant_models` is given, but both are set. "
+            "Put every drafter in `assistant_models=[...]`."
+        )
+    drafters, pool_defaults = _pool_from(assistant_models)
+    settings = resolve_settings(call, generation_config, pool_defaults)
     candidate_generator = build_candidate_generator(
-        model,
-        generation_config,
-        logits_processor,
-        input_ids,
-        assistant_models=assistant_models,
-        meta_policy=meta_policy,
-        meta_policy_kwargs=meta_policy_kwargs,
-        meta_reward=meta_reward,
-        num_assistant_tokens=num_assistant_tokens,
-        meta_full_information=meta_full_information,
-        meta_warm_start=meta_warm_start,
+        model, generation_config, logits_processor, input_ids, assistant_models=assistant_models, settings=settings
     )
+    if streamer is None:
+        streamer = caller.get("streamer")  # transformers already put the prompt into it
     if streamer is None and metasd_streamer is not None:
-        # transformers put the prompt into `streamer` before decoding; it never saw this one, so do it here
-        streamer = metasd_streamer
+        streamer = metasd_streamer  # transformers never saw this one: it gets the prompt here
         streamer.put(input_ids.cpu())
-    # None (automatic) and True: `skinny_linear` changes the eligible layers, and nothing when there are none
-    kernels = nullcontext() if meta_skinny_gemm is False else skinny_linear(model)
-    try:
-        with _candidate_generator_seam(model, candidate_generator), kernels:
-            output = GenerationMixin._assisted_decoding(
-                model,
-                input_ids,
-                logits_processor=logits_processor,
-                stopping_criteria=stopping_criteria,
-                generation_config=generation_config,
-                synced_gpus=synced_gpus,
-                streamer=streamer,
-                **model_kwargs,
-            )
-    finally:
-        for drafter in candidate_generator.drafters:
-            drafter.reset()  # free the drafters' KV caches
+    stats = candidate_generator.stats
+    shared = as_drafters(drafters, model)
+    start = stats.clock()
+    with stats.timed("kernel_choice"):
+        choice = _kernel_choice(model, settings["meta_skinny_gemm"], candidate_generator.num_assistant_tokens)
+    stats.kernel = choice.kernel
+    if choice.measured:
+        stats.kernel_timings = {"stock_seconds": choice.stock_seconds, "skinny_seconds": choice.skinny_seconds}
+    kernels = skinny_linear(model) if choice.kernel == "skinny" else nullcontext()
+    with _in_use(shared), kernels:
+        output = assisted_decoding(
+            model,
+            input_ids,
+            candidate_generator=candidate_generator,
+            logits_processor=logits_processor,
+            stopping_criteria=stopping_criteria,
+            generation_config=generation_config,
+            streamer=streamer,
+            **model_kwargs,
+        )
+    stats.wall_seconds = stats.clock() - start
+    sequence = output.sequences if isinstance(output, GenerateDecoderOnlyOutput) else output
+    for drafter in shared:
+        drafter.on_generation_end(sequence, input_ids.shape[1])
     if isinstance(output, GenerateDecoderOnlyOutput):
-        return MetaSDGenerateOutput(**dict(output.items()), metasd=candidate_generator.stats)
+        return MetaSDGenerateOutput(**dict(output.items()), metasd=stats)
     return output
 
 
@@ -239,6 +400,40 @@ _ORIGINAL_GENERATE: Callable[..., Any] | None = None
 def is_enabled() -> bool:
     """Whether `enable()` is in effect."""
     return _ORIGINAL_GENERATE is not None
+
+
+def _stop_string_criteria(model: Any, kwargs: dict[str, Any]) -> None:
+    """transformers drops `tokenizer` for a callable `custom_generate`, so `stop_strings` would find none: build the
+    `StopStringCriteria` here from the tokenizer the user passed, and hand transformers no stop strings."""
+    from transformers import GenerationConfig, StoppingCriteriaList
+    from transformers.generation.stopping_criteria import StopStringCriteria
+
+    tokenizer = kwargs.pop("tokenizer", None)
+    config = kwargs.get("generation_config")
+    stop = kwargs.pop("stop_strings", None)
+    if stop is None and config is not None:
+        stop = config.stop_strings
+    if stop is None:
+        if getattr(model.generation_config, "stop_strings", None) is not None:
+            raise MetaSDConfigError(
+                "`stop_strings` must be given per call with `assistant_models` (transformers does not hand a "
+                "callable decoding method the tokenizer), but they are set on `model.generation_config`. Pass "
+                "`stop_strings=[...], tokenizer=tokenizer` to `generate`, or a `StopStringCriteria` in "
+                "`stopping_criteria`."
+            )
+        return
+    if tokenizer is None:
+        raise MetaSDConfigError(
+            "`tokenizer` must be passed to `generate` with `stop_strings`, but is None. "
+            "Pass `tokenizer=your_tokenizer`."
+        )
+    criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
+    criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop))
+    kwargs["stopping_criteria"] = criteria
+    if config is not None:
+        config = GenerationConfig(**config.to_dict())
+        config.stop_strings = None
+        kwargs["generation_config"] = config
 
 
 def enable() -> None:
@@ -262,29 +457,38 @@ def enable() -> None:
                     "Pass the drafters with `assistant_models=[...]`, or drop the `meta_*` arguments."
                 )
             return original(self, *args, **kwargs)
-        if kwargs.get("assistant_model") is not None:
-            raise MetaSDConfigError(
-                "`assistant_model` must be None when `assistant_models` is given, but both are set. "
-                "Put every drafter in `assistant_models=[...]`."
-            )
-        if kwargs.get("prompt_lookup_num_tokens") is not None:
-            raise MetaSDConfigError(
-                "`prompt_lookup_num_tokens` must be None when `assistant_models` is given, but is "
-                f"{kwargs['prompt_lookup_num_tokens']}. Add `hf_metasd.drafters.PromptLookupDrafter()` to the pool."
-            )
+        _check_call_kwargs(kwargs)
         custom = kwargs.pop("custom_generate", None)
         if custom is not None and custom is not generate:
             raise MetaSDConfigError(
                 f"`custom_generate` must be None or `hf_metasd.generate` with `assistant_models`, but is {custom!r}. "
                 "Drop one of them."
             )
-        streamer = kwargs.pop("streamer", None)
-        if streamer is not None:
-            kwargs["metasd_streamer"] = streamer
+        _stop_string_criteria(self, kwargs)
         return original(self, *args, custom_generate=generate, assistant_models=assistant_models, **kwargs)
 
     _ORIGINAL_GENERATE = original
     GenerationMixin.generate = generate_with_metasd
+
+
+def _check_call_kwargs(kwargs: dict[str, Any]) -> None:
+    """Arguments that mean another assisted-decoding method: refused the same way on both entry points."""
+    _check_meta_keys(kwargs, "`generate`'s keyword arguments")
+    if kwargs.get("assistant_model") is not None:
+        raise MetaSDConfigError(
+            "`assistant_model` must be None when `assistant_models` is given, but both are set. "
+            "Put every drafter in `assistant_models=[...]`."
+        )
+    if kwargs.get("prompt_lookup_num_tokens") is not None:
+        raise MetaSDConfigError(
+            "`prompt_lookup_num_tokens` must be None when `assistant_models` is given, but is "
+            f"{kwargs['prompt_lookup_num_tokens']}. Add `hf_metasd.drafters.PromptLookupDrafter()` to the pool."
+        )
+    if kwargs.get("assistant_tokenizer") is not None:
+        raise MetaSDConfigError(
+            "`assistant_tokenizer` must be None when `assistant_models` is given, but is set. A drafter with "
+            "another tokenizer carries its own: build it as a drafter of the pool."
+        )
 
 
 def disable() -> None:

@@ -14,19 +14,38 @@ and 2 to 5 tokens cost 0.87-1.07 one-token steps (the recipe prints both columns
 The result is the same product in float32 with another summation order (differences of a few ulp, as between any
 two GEMM kernels). `skinny_linear` applies it, for the duration of one call, to the `torch.nn.Linear` layers of a
 model whose weights are float32 on CPU, only when 2 to `max_rows` rows go through; every other call (one-token
-steps, the prompt's prefill, bfloat16, GPU) runs the layer's own forward. `hf_metasd.generate` uses it for the
-target's verification passes unless ``meta_skinny_gemm=False``.
+steps, the prompt's prefill, bfloat16, GPU) runs the layer's own forward.
+
+**Which kernel is faster depends on the machine**, not only on its kind: on another 2-core machine of the same kind
+the transposed product was *slower* (target forward for 2-5 tokens: 99-104 ms against 63-76 ms stock). So nothing
+here is a constant. `choose_verification_kernel` times both products on the target's own layer shapes and the
+call's verification row count, once per process for a given (layer shapes, dtype, thread count, rows), keeps the
+faster and caches the decision; `hf_metasd.generate` applies the choice (``meta_skinny_gemm=None``, the default),
+or the user forces it (``True`` / ``False``). The call's telemetry says which kernel ran and what was measured.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["DEFAULT_MAX_ROWS", "skinny_linear", "skinny_linear_applies"]
+from ._validation import check_int
+
+__all__ = [
+    "DEFAULT_MAX_ROWS",
+    "KernelChoice",
+    "choose_verification_kernel",
+    "clear_kernel_choices",
+    "skinny_linear",
+    "skinny_linear_applies",
+]
 
 #: Largest row count routed through the transposed product (measured: it loses from about 12 rows on).
 DEFAULT_MAX_ROWS = 8
@@ -89,8 +108,7 @@ def skinny_linear(model: torch.nn.Module, *, max_rows: int = DEFAULT_MAX_ROWS) -
         >>> changed, y.shape, torch.allclose(y, layer(x), atol=1e-5)
         (1, torch.Size([1, 5, 64]), True)
     """
-    if not isinstance(max_rows, int) or isinstance(max_rows, bool) or max_rows < 2:
-        raise ValueError(f"`max_rows` must be an int >= 2, but is {max_rows!r}. Pass e.g. 8.")
+    check_int("max_rows", max_rows, low=2, hint="Pass e.g. 8.")
     changed = [module for module in model.modules() if _eligible(module)]
     for module in changed:
         module.forward = _skinny_forward(module, max_rows)
@@ -99,3 +117,118 @@ def skinny_linear(model: torch.nn.Module, *, max_rows: int = DEFAULT_MAX_ROWS) -
     finally:
         for module in changed:
             module.__dict__.pop("forward", None)
+
+
+# ---------------------------------------------------------------------- choosing by measurement
+@dataclass(frozen=True)
+class KernelChoice:
+    """The verification kernel chosen for a target, and what the measurement found.
+
+    Attributes:
+        kernel: ``"skinny"`` (`skinny_linear`) or ``"stock"`` (the layers' own forward).
+        stock_seconds: summed median seconds of the stock product over the target's layers (``nan`` if unmeasured).
+        skinny_seconds: the same for the transposed product.
+        measured: whether the choice came from a measurement (``False``: nothing eligible, or forced by the user).
+        seconds: wall time the measurement took in this call (0 when cached).
+    """
+
+    kernel: str
+    stock_seconds: float = float("nan")
+    skinny_seconds: float = float("nan")
+    measured: bool = False
+    seconds: float = 0.0
+
+
+_CHOICES: dict[tuple[Any, ...], KernelChoice] = {}
+_CHOICES_LOCK = threading.Lock()
+
+
+def clear_kernel_choices() -> None:
+    """Forget the cached kernel decisions of this process (the next call measures again)."""
+    with _CHOICES_LOCK:
+        _CHOICES.clear()
+
+
+def _layer_groups(model: torch.nn.Module) -> dict[tuple[int, int, bool], tuple[torch.nn.Linear, int]]:
+    """Eligible layers grouped by (out_features, in_features, has bias): one representative and the count."""
+    groups: dict[tuple[int, int, bool], tuple[torch.nn.Linear, int]] = {}
+    for module in model.modules():
+        if _eligible(module):
+            key = (module.out_features, module.in_features, module.bias is not None)
+            first, count = groups.get(key, (module, 0))
+            groups[key] = (first, count + 1)
+    return groups
+
+
+@torch.no_grad()
+def choose_verification_kernel(
+    model: torch.nn.Module,
+    rows: Sequence[int],
+    *,
+    repeats: int = 3,
+    margin: float = 0.03,
+    timer: Callable[[], float] = time.perf_counter,
+) -> KernelChoice:
+    r"""Time the stock and the transposed product on `model`'s layers and keep the faster (cached per process).
+
+    For every group of eligible layers with the same shape (one representative each) and every row count in
+    `rows`, both products run `repeats` times, interleaved, on random ``(rows, in_features)`` inputs after one
+    untimed warm-up each; the cost of a kernel is :math:`\sum_{g} n_g \sum_{r} \mathrm{median}_k\, t_{g,r,k}`
+    with :math:`n_g` the layers in group :math:`g`. The transposed product wins only if it costs less than
+    ``(1 - margin)`` times the stock one (the margin keeps measurement noise from flipping an even choice to the
+    non-default kernel). Only float32 CPU layers are eligible: otherwise the answer is ``"stock"`` without a
+    measurement.
+
+    Args:
+        model: the target.
+        rows: the verification row counts of the call (e.g. ``[N + 1]``), each in ``[2, DEFAULT_MAX_ROWS]``.
+        repeats: timed runs per product, layer group and row count.
+        margin: relative advantage the transposed product needs.
+        timer: the clock (injectable for tests).
+
+    Example:
+        >>> layer = torch.nn.Linear(8, 8).bfloat16()
+        >>> choose_verification_kernel(layer, [4]).kernel     # nothing float32 on CPU: nothing to measure
+        'stock'
+    """
+    check_int("repeats", repeats, low=1, hint="Use e.g. 3.")
+    rows = sorted({check_int("rows", r, low=2, hint=f"Use row counts in [2, {DEFAULT_MAX_ROWS}].") for r in rows})
+    if not rows or rows[-1] > DEFAULT_MAX_ROWS:
+        raise ValueError(f"`rows` must hold row counts in [2, {DEFAULT_MAX_ROWS}], but is {rows!r}. Pass e.g. [4].")
+    groups = _layer_groups(model)
+    if not groups:
+        return KernelChoice("stock")
+    key = (tuple(sorted((k, n) for k, (_, n) in groups.items())), torch.get_num_threads(), tuple(rows))
+    with _CHOICES_LOCK:
+        cached = _CHOICES.get(key)
+    if cached is not None:
+        return KernelChoice(cached.kernel, cached.stock_seconds, cached.skinny_seconds, cached.measured, 0.0)
+    started = timer()
+    totals = {"stock": 0.0, "skinny": 0.0}
+    generator = torch.Generator().manual_seed(0)
+    for layer, count in groups.values():
+        weight, bias = layer.weight, layer.bias
+
+        def stock(x: torch.Tensor, weight: torch.Tensor = weight, bias: Any = bias) -> torch.Tensor:
+            return torch.nn.functional.linear(x, weight, bias)
+
+        def skinny(x: torch.Tensor, weight: torch.Tensor = weight, bias: Any = bias) -> torch.Tensor:
+            out = torch.mm(weight, x.t()).t()
+            return out if bias is None else out + bias
+
+        for r in rows:
+            x = torch.randn(r, weight.shape[1], generator=generator)
+            stock(x), skinny(x)  # warm-up
+            samples: dict[str, list[float]] = {"stock": [], "skinny": []}
+            for _ in range(repeats):
+                for name, fn in (("stock", stock), ("skinny", skinny)):
+                    start = timer()
+                    fn(x)
+                    samples[name].append(timer() - start)
+            for name in totals:
+                totals[name] += count * statistics.median(samples[name])
+    kernel = "skinny" if totals["skinny"] < (1.0 - margin) * totals["stock"] else "stock"
+    choice = KernelChoice(kernel, totals["stock"], totals["skinny"], True, timer() - started)
+    with _CHOICES_LOCK:
+        _CHOICES[key] = choice
+    return choice

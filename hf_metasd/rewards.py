@@ -6,6 +6,19 @@ The built-in rewards lie in ``[0, 1]``:
 * **cost** (cost-aware): tokens gained per second of round wall time, normalised by the best a free drafter could
   do, :math:`\frac{n_{acc} + 1}{N + 1} \cdot \frac{T_{verify}}{T_{draft} + T_{verify}}`, so a slower drafter with
   higher acceptance competes fairly with a faster one.
+* **EAL** (expected accepted length, normalised): :math:`\frac1N \sum_{k=1}^{N} \prod_{j \le k} a_j`, with
+  :math:`a_j` the probability that drafted position :math:`j` is accepted given the positions before it were:
+  greedy decoding accepts a token iff it is the target's argmax, :math:`a_j = [x_j = \arg\max p_j]` (then EAL is
+  exactly BE); speculative sampling accepts with probability :math:`\min(1, p_j(x_j) / q_j(x_j))`, whose expectation
+  over the drafter's choice is :math:`1 - \mathrm{TV}(p_j, q_j)` (used when the drafter has logits), and a drafter
+  without logits is accepted iff the target samples its token, :math:`a_j = p_j(x_j)`. See `acceptance_rates`.
+* **speed** (the default): accepted tokens per second of the round, in units of the best a round could do,
+  :math:`\frac{E + 1}{N + 1} \cdot \frac{\hat c_{plain}}{\hat c_{arm}}`, with :math:`E = N \cdot \mathrm{EAL}`
+  the expected accepted length, :math:`N` the call's draft length (`num_assistant_tokens`), :math:`\hat c_{arm}` the
+  smoothed seconds of a round of this arm and :math:`\hat c_{plain}` those of a plain target step (both from
+  `hf_metasd.costs.CostModel`). The no-draft arm (a plain target step) scores :math:`1 / (N + 1)`, so a drafter
+  scores above it exactly when its rounds produce tokens faster than the target alone: rewards of drafters and of
+  the no-draft arm are comparable. Clipped to ``[0, 1]`` (timing noise).
 * **BD** (block divergence): :math:`\frac1N \sum_{j=1}^{N} \bigl(1 - \mathrm{TV}(p_j, q_j)\bigr)` with
   :math:`\mathrm{TV}(p, q) = \tfrac12 \lVert p - q \rVert_1`, over **all** drafted positions :math:`j` (after the first
   rejection too: the target's logits there come from the same verification pass, conditioned on the drafted prefix).
@@ -25,13 +38,19 @@ import torch
 from .errors import UnknownRewardError
 
 __all__ = [
+    "COST_AWARE_REWARDS",
     "REWARDS",
     "RoundFeedback",
+    "acceptance_rates",
     "block_divergence",
     "block_efficiency",
     "cost_aware",
+    "expected_accepted_length",
     "get_reward",
+    "is_cost_aware",
+    "register_reward",
     "reward_name",
+    "speed",
 ]
 
 
@@ -48,6 +67,10 @@ class RoundFeedback:
         num_accepted: drafted tokens the target accepted (``0 <= num_accepted <= N``).
         seconds: wall time of the round (drafting and verification), for cost-aware rewards.
         draft_seconds: the part of `seconds` spent selecting, catching up and drafting.
+        do_sample: whether the call samples (speculative sampling) or decodes greedily.
+        num_assistant_tokens: the call's draft length ``N`` (a round may draft fewer: abstention, length budget).
+        arm_seconds: smoothed seconds of a round of this arm (`hf_metasd.costs.CostModel`), or ``None`` if unknown.
+        plain_seconds: smoothed seconds of a plain target step, or ``None`` if unknown.
     """
 
     arm: int
@@ -57,6 +80,10 @@ class RoundFeedback:
     num_accepted: int
     seconds: float = 0.0
     draft_seconds: float = 0.0
+    do_sample: bool = False
+    num_assistant_tokens: int = 0
+    arm_seconds: float | None = None
+    plain_seconds: float | None = None
 
     @property
     def num_drafted(self) -> int:
@@ -120,6 +147,69 @@ def block_divergence(
     return float(terms.clamp(0.0, 1.0).mean())
 
 
+def acceptance_rates(
+    target_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    draft_logits: torch.Tensor | None = None,
+    *,
+    do_sample: bool = False,
+) -> torch.Tensor:
+    """Per-position acceptance probabilities ``a_j`` ``(N,)`` of a draft (see the module docstring for each mode).
+
+    Args:
+        target_logits: ``(N, V)`` processed target logits at the drafted positions.
+        draft_tokens: ``(N,)`` drafted tokens.
+        draft_logits: ``(N, V)`` processed drafter logits, or ``None`` (deterministic drafter).
+        do_sample: speculative sampling (``True``) or greedy decoding (``False``).
+
+    Example:
+        >>> import torch
+        >>> p = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.7, 0.1]]))
+        >>> acceptance_rates(p, torch.tensor([0, 2])).tolist()                 # greedy: argmax or not
+        [1.0, 0.0]
+        >>> [round(a, 3) for a in acceptance_rates(p, torch.tensor([0, 2]), do_sample=True).tolist()]
+        [0.5, 0.1]
+    """
+    num = target_logits.shape[0]
+    tokens = draft_tokens.reshape(num).to(target_logits.device)
+    if not do_sample:
+        return (target_logits.argmax(-1) == tokens).float()
+    p = torch.softmax(target_logits.float(), dim=-1)
+    if draft_logits is None:
+        return p.gather(-1, tokens.reshape(num, 1)).squeeze(-1)
+    q = torch.softmax(draft_logits.float().to(p.device), dim=-1)
+    return (1.0 - 0.5 * (p - q).abs().sum(-1)).clamp(0.0, 1.0)
+
+
+def expected_accepted_length(rates: torch.Tensor) -> float:
+    """``E = sum_k prod_{j<=k} a_j``: expected accepted drafted tokens when position ``j`` is accepted with ``a_j``.
+
+    Example:
+        >>> import torch
+        >>> expected_accepted_length(torch.tensor([1.0, 0.5, 0.5]))   # 1 + 0.5 + 0.25
+        1.75
+    """
+    return float(torch.cumprod(rates.float(), dim=0).sum())
+
+
+def speed(expected_accepted: float, num_assistant_tokens: int, arm_seconds: float, plain_seconds: float) -> float:
+    """Tokens per second of a round over the best a round could do: ``(E + 1) / (N + 1) * c_plain / c_arm``.
+
+    Example:
+        >>> speed(3.0, 3, arm_seconds=0.1, plain_seconds=0.05)   # 4 tokens in two plain steps' time: 2x
+        0.5
+        >>> speed(0.0, 3, arm_seconds=0.05, plain_seconds=0.05)  # the no-draft arm: 1 / (N + 1)
+        0.25
+    """
+    if arm_seconds <= 0 or plain_seconds <= 0:
+        raise ValueError(
+            f"`arm_seconds` and `plain_seconds` must be > 0, but are {arm_seconds} and {plain_seconds}. "
+            "Pass measured (smoothed) round costs."
+        )
+    value = (expected_accepted + 1.0) / (num_assistant_tokens + 1.0) * plain_seconds / arm_seconds
+    return min(1.0, max(0.0, value))
+
+
 def cost_aware(num_accepted: int, num_drafted: int, draft_seconds: float, verify_seconds: float) -> float:
     """Cost-aware reward: tokens per second of the round over the best possible, ``(N + 1)`` tokens per verification.
 
@@ -149,10 +239,64 @@ def _cost(feedback: RoundFeedback) -> float:
     return cost_aware(feedback.num_accepted, feedback.num_drafted, feedback.draft_seconds, verify)
 
 
-_be.__name__, _bd.__name__, _cost.__name__ = "be", "bd", "cost"
+def _eal_tokens(feedback: RoundFeedback) -> float:
+    if feedback.num_drafted == 0:
+        return 0.0
+    rates = acceptance_rates(
+        feedback.target_logits, feedback.draft_tokens, feedback.draft_logits, do_sample=feedback.do_sample
+    )
+    return expected_accepted_length(rates)
 
-#: name -> reward callable taking a `RoundFeedback`.
-REWARDS: dict[str, Callable[[RoundFeedback], float]] = {"be": _be, "bd": _bd, "cost": _cost}
+
+def _eal(feedback: RoundFeedback) -> float:
+    return _eal_tokens(feedback) / feedback.num_drafted
+
+
+def _speed(feedback: RoundFeedback) -> float:
+    if feedback.arm_seconds is None or feedback.plain_seconds is None:
+        raise ValueError(
+            "the `speed` reward needs `arm_seconds` and `plain_seconds` in its `RoundFeedback`, but they are None. "
+            "Build the feedback with the call's `CostModel` estimates."
+        )
+    n = max(feedback.num_assistant_tokens, feedback.num_drafted)
+    return speed(_eal_tokens(feedback), n, feedback.arm_seconds, feedback.plain_seconds)
+
+
+#: name -> reward callable taking a `RoundFeedback`. Starts with the built-ins; extend with `register_reward`.
+REWARDS: dict[str, Callable[[RoundFeedback], float]] = {}
+#: names of the rewards that need the call's smoothed costs (`RoundFeedback.arm_seconds` / `plain_seconds`); only
+#: these can compare drafters with the no-draft arm.
+COST_AWARE_REWARDS: set[str] = set()
+
+
+def register_reward(name: str, reward: Callable[[RoundFeedback], float], *, cost_aware: bool = False) -> None:
+    """Register `reward` under `name` for ``meta_reward=name`` (refuses a name already taken).
+
+    Args:
+        name: the name.
+        reward: ``f(RoundFeedback) -> float``.
+        cost_aware: whether it reads the smoothed costs and scores the no-draft arm (``num_drafted == 0``).
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"`name` must be a non-empty string, but is {name!r}. Pass the reward's name.")
+    if not callable(reward):
+        raise TypeError(f"`reward` must be callable as f(RoundFeedback) -> float, but is {type(reward).__name__}.")
+    if name in REWARDS and REWARDS[name] is not reward:
+        raise ValueError(f"`name` must be unused, but {name!r} is already a reward. Choose another name.")
+    REWARDS[name] = reward
+    if cost_aware:
+        COST_AWARE_REWARDS.add(name)
+
+
+for _name, _fn, _costs in (
+    ("be", _be, False),
+    ("bd", _bd, False),
+    ("cost", _cost, False),
+    ("eal", _eal, False),
+    ("speed", _speed, True),
+):
+    _fn.__name__ = _fn.__qualname__ = _name
+    register_reward(_name, _fn, cost_aware=_costs)
 
 
 def get_reward(reward: str | Callable[[RoundFeedback], float]) -> Callable[[RoundFeedback], float]:
@@ -163,7 +307,17 @@ def get_reward(reward: str | Callable[[RoundFeedback], float]) -> Callable[[Roun
         return REWARDS[reward]
     raise UnknownRewardError(
         f"`meta_reward` must be one of {sorted(REWARDS)} or a callable `f(RoundFeedback) -> float`, but is {reward!r}. "
-        'Use "bd" (the default) or "be".'
+        'Use "speed" (the default), "bd", "be" or "eal".'
+    )
+
+
+def is_cost_aware(reward: str | Callable[[RoundFeedback], float]) -> bool:
+    """Whether `reward` reads the smoothed costs (a registered cost-aware name, or a callable with a true
+    ``cost_aware`` attribute): only such a reward can score the no-draft arm."""
+    if isinstance(reward, str):
+        return reward in COST_AWARE_REWARDS
+    return bool(getattr(reward, "cost_aware", False)) or any(
+        fn is reward for name, fn in REWARDS.items() if name in COST_AWARE_REWARDS
     )
 
 

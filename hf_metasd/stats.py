@@ -1,30 +1,40 @@
-"""`MetaSDStats`: per-round telemetry of one MetaSD `generate` call."""
+"""`MetaSDStats`: per-round telemetry of one MetaSD `generate` call, and the one stopwatch that fills it."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["MetaSDStats"]
+__all__ = ["TIME_PARTS", "MetaSDStats"]
+
+#: The parts of a call's wall time, in the order `summary` prints them (each has a ``<part>_seconds`` field).
+TIME_PARTS = ("draft", "prefill", "catch_up", "verify", "policy", "reward", "warm_start", "kernel_choice")
 
 
 @dataclass
 class MetaSDStats:
     """What happened in each round, and where the wall time went.
 
-    Per-round lists have one entry per round: ``arms[r]`` is the drafter index of round ``r``, ``drafted[r]`` the
-    number of tokens it drafted, ``accepted[r]`` how many the target accepted, ``rewards[r]`` the reward given to the
-    policy (``None`` when nothing was drafted, e.g. at the length limit, and the policy was not updated).
+    Per-round lists have one entry per round (one target forward pass): ``arms[r]`` is the arm whose draft the target
+    verified (an index into `drafter_names`; the last name is ``"no_draft"`` when the pool has the no-draft arm, a
+    round the target decodes alone), ``drafted[r]`` the tokens it drafted, ``accepted[r]`` the drafted tokens kept
+    (accepted by the target and before any stopping criterion fired), ``new_tokens[r]`` the tokens the round added to
+    the output, ``rewards[r]`` the reward given to the policy (``None``: the policy was not updated for this round),
+    ``abstained[r]`` the arms the policy chose first that had nothing to propose (not pulls: the round went to the
+    policy's `fallback`).
 
-    Seconds: ``draft_seconds`` (drafters' single-token steps), ``prefill_seconds`` (each drafter's first ingest of
-    the sequence: its prompt prefill), ``catch_up_seconds`` (drafters ingesting tokens they missed while other
-    drafters drafted: the price of switching), ``verify_seconds`` (from the end of drafting to the reward: the
-    target's forward pass and transformers' acceptance step), ``policy_seconds`` (`select` + `update`),
-    ``reward_seconds`` (computing the reward), ``warm_start_seconds`` (prompt warm start: drafters' prefill with
-    logits on the window, and scoring). ``warm_start_rewards`` maps drafters to their warm-start reward, and
-    ``counterfactual_rewards`` holds one dict per round in full-information mode. ``empty_drafts`` counts drafters
-    that abstained (had nothing to propose when picked): not a pull, no reward; the round went to the policy's
-    `fallback`.
+    Seconds (all from one clock, `clock`): ``draft_seconds`` (drafters' drafting steps, and catch-up of a drafter that
+    also drafted the round before: the tokens it is bound to ingest), ``prefill_seconds`` (each drafter's first ingest
+    of the sequence: its prompt prefill), ``catch_up_seconds`` (drafters ingesting tokens they missed while other arms
+    ran: the price of switching, also the counterfactual scoring of full-information mode), ``verify_seconds`` (the
+    target's forward pass, acceptance and stopping checks), ``policy_seconds`` (`select`, `fallback`, `update`),
+    ``reward_seconds`` (computing rewards), ``warm_start_seconds`` (prompt warm start), ``kernel_choice_seconds`` (timing
+    the CPU verification kernels, first call only). ``wall_seconds`` is the whole decoding loop; `other_seconds` the
+    part no stopwatch covered (transformers' input preparation between rounds). `kernel` is the verification kernel
+    used (``"stock"``, ``"skinny"``), `kernel_timings` what its measurement found.
     """
 
     drafter_names: list[str]
@@ -34,8 +44,10 @@ class MetaSDStats:
     arms: list[int] = field(default_factory=list)
     drafted: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
+    new_tokens: list[int] = field(default_factory=list)
     rewards: list[float | None] = field(default_factory=list)
     catch_up_tokens: list[int] = field(default_factory=list)
+    abstained: list[list[int]] = field(default_factory=list)
     draft_seconds: float = 0.0
     prefill_seconds: float = 0.0
     catch_up_seconds: float = 0.0
@@ -43,11 +55,37 @@ class MetaSDStats:
     policy_seconds: float = 0.0
     reward_seconds: float = 0.0
     warm_start_seconds: float = 0.0
-    empty_drafts: int = 0
+    kernel_choice_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    kernel: str = "stock"
+    kernel_timings: dict[str, float] = field(default_factory=dict)
+    stopped_by: str | None = None
     counterfactual_rewards: list[dict[int, float]] = field(default_factory=list)
     counterfactual_accepted: list[dict[int, int]] = field(default_factory=list)
     warm_start_rewards: dict[int, float] = field(default_factory=dict)
+    clock: Callable[[], float] = field(default=time.perf_counter, repr=False, compare=False)
 
+    @contextmanager
+    def timed(self, part: str) -> Iterator[None]:
+        """Add the time spent in the ``with`` block to ``<part>_seconds`` (one of `TIME_PARTS`).
+
+        Example:
+            >>> ticks = iter([1.0, 1.25])
+            >>> stats = MetaSDStats(["d"], "ucb", "bd", 3, clock=lambda: next(ticks))
+            >>> with stats.timed("draft"):
+            ...     pass
+            >>> stats.draft_seconds
+            0.25
+        """
+        if part not in TIME_PARTS:
+            raise ValueError(f"`part` must be one of {list(TIME_PARTS)}, but is {part!r}. Time a known part.")
+        start = self.clock()
+        try:
+            yield
+        finally:
+            setattr(self, f"{part}_seconds", getattr(self, f"{part}_seconds") + self.clock() - start)
+
+    # ------------------------------------------------------------------ derived numbers
     @property
     def rounds(self) -> int:
         """Draft-and-verify rounds (target forward passes) of the call."""
@@ -55,43 +93,56 @@ class MetaSDStats:
 
     @property
     def pulls(self) -> list[int]:
-        """Rounds drafted by each drafter."""
+        """Rounds each arm drafted and was rewarded for (abstentions are not pulls)."""
         counts = [0] * len(self.drafter_names)
-        for arm in self.arms:
-            counts[arm] += 1
+        for arm, reward in zip(self.arms, self.rewards):
+            if reward is not None:
+                counts[arm] += 1
         return counts
 
     @property
+    def empty_drafts(self) -> int:
+        """How many times an arm the policy asked had nothing to propose (abstentions, over all rounds)."""
+        return sum(len(a) for a in self.abstained)
+
+    @property
     def tokens(self) -> int:
-        """Tokens produced: accepted drafts plus one target token per round."""
-        return sum(self.accepted) + self.rounds
+        """Tokens added to the output (accepted drafts plus the target's own token of each round, as kept)."""
+        return sum(self.new_tokens)
 
     @property
     def mean_accepted(self) -> float:
-        """Mean accepted tokens per round (Spec-Bench's τ counts the bonus token too: τ = this + 1)."""
+        """Mean accepted drafted tokens per round (Spec-Bench's τ counts the target's token too: τ = this + 1)."""
         return sum(self.accepted) / self.rounds if self.rounds else 0.0
 
     @property
     def total_seconds(self) -> float:
-        """Sum of the measured parts (drafting, prefill, catch-up, verification, policy, reward, warm start)."""
-        return (
-            self.draft_seconds
-            + self.prefill_seconds
-            + self.catch_up_seconds
-            + self.verify_seconds
-            + self.policy_seconds
-            + self.reward_seconds
-        )
+        """Sum of the measured parts (`TIME_PARTS`: drafting, prefill, catch-up, verification, policy, reward, warm
+        start, kernel choice)."""
+        return sum(getattr(self, f"{part}_seconds") for part in TIME_PARTS)
+
+    @property
+    def other_seconds(self) -> float:
+        """Wall time of the loop that no part covers (transformers' input preparation between rounds)."""
+        return max(0.0, self.wall_seconds - self.total_seconds)
 
     @property
     def overhead_seconds(self) -> float:
-        """Time MetaSD adds on top of draft-and-verify: policy, reward and catch-up."""
-        return self.policy_seconds + self.reward_seconds + self.catch_up_seconds
+        """Time MetaSD adds on top of draft-and-verify: policy, reward, catch-up and the kernel choice."""
+        return self.policy_seconds + self.reward_seconds + self.catch_up_seconds + self.kernel_choice_seconds
 
     def to_dict(self) -> dict[str, Any]:
         """Every field and derived number, JSON-serialisable."""
         out = asdict(self)
-        out.update(rounds=self.rounds, pulls=self.pulls, tokens=self.tokens, mean_accepted=self.mean_accepted)
+        out.pop("clock")
+        out.update(
+            rounds=self.rounds,
+            pulls=self.pulls,
+            tokens=self.tokens,
+            mean_accepted=self.mean_accepted,
+            total_seconds=self.total_seconds,
+            other_seconds=self.other_seconds,
+        )
         return out
 
     def to_trace(self) -> list[dict[str, dict[int, float]]]:
@@ -100,7 +151,7 @@ class MetaSDStats:
         Counterfactual accepted counts are observable only within each round's verified window (accepted + 1
         tokens), so they under-count for drafters that would have gone further: replay is a conservative estimate.
         """
-        arms = set(range(len(self.drafter_names)))
+        arms = {i for i, name in enumerate(self.drafter_names) if name != "no_draft"}
         return [
             {"arm_rewards": dict(rewards), "arm_accepted": dict(accepted)}
             for rewards, accepted in zip(self.counterfactual_rewards, self.counterfactual_accepted)
@@ -108,20 +159,27 @@ class MetaSDStats:
         ]
 
     def summary(self) -> str:
-        """A small text table: one line per drafter, then the time split."""
+        """A small text table: one line per arm, then the time split."""
         lines = [f"MetaSD: {self.rounds} rounds, {self.tokens} tokens, policy={self.policy}, reward={self.reward}"]
+        pulls = self.pulls
         for i, name in enumerate(self.drafter_names):
             idx = [r for r, a in enumerate(self.arms) if a == i]
             acc = sum(self.accepted[r] for r in idx) / len(idx) if idx else 0.0
             rew = [self.rewards[r] for r in idx if self.rewards[r] is not None]
             mean_rew = sum(rew) / len(rew) if rew else float("nan")
-            lines.append(f"  [{i}] {name:<24} pulls={len(idx):>4}  accepted/round={acc:5.2f}  reward={mean_rew:5.3f}")
-        total = self.total_seconds or 1.0
+            skipped = sum(i in a for a in self.abstained)
+            lines.append(
+                f"  [{i}] {name:<24} pulls={pulls[i]:>4}  abstained={skipped:>3}  accepted/round={acc:5.2f}  "
+                f"reward={mean_rew:5.3f}"
+            )
+        wall = self.wall_seconds or self.total_seconds or 1.0
+        parts = [*TIME_PARTS, "other"]
         lines.append(
-            "  time: "
+            f"  time ({wall:.3f}s, kernel={self.kernel}): "
             + ", ".join(
-                f"{k}={getattr(self, k + '_seconds'):.3f}s ({100 * getattr(self, k + '_seconds') / total:.1f}%)"
-                for k in ("draft", "prefill", "catch_up", "verify", "policy", "reward")
+                f"{k}={getattr(self, k + '_seconds'):.3f}s ({100 * getattr(self, k + '_seconds') / wall:.1f}%)"
+                for k in parts
+                if getattr(self, k + "_seconds") > 0 or k in ("draft", "verify")
             )
         )
         return "\n".join(lines)

@@ -84,7 +84,8 @@ def test_unknown_reward(target, drafters, forward_calls):
     _raises_before_compute(
         forward_calls,
         UnknownRewardError,
-        r"`meta_reward` must be one of \['bd', 'be', 'cost'\] or a callable .*, but is 'tv'\. Use \"bd\"",
+        r"`meta_reward` must be one of \['bd', 'be', 'cost', 'eal', 'speed'\] or a callable .*, but is 'tv'\. "
+        r"Use \"speed\" \(the default\)",
         lambda: metasd_greedy(target, PROMPT, 5, assistant_models=drafters, meta_reward="tv"),
     )
 
@@ -128,7 +129,7 @@ def test_num_assistant_tokens_below_one(target, drafters, forward_calls, bad):
     _raises_before_compute(
         forward_calls,
         MetaSDConfigError,
-        rf"`num_assistant_tokens` must be an int >= 1, but is {bad}\. Use e\.g\. 5",
+        rf"`num_assistant_tokens` must be an int >= 1, but is {bad}\. Use e\.g\. 3",
         lambda: metasd_greedy(target, PROMPT, 5, assistant_models=drafters, num_assistant_tokens=bad),
     )
 
@@ -158,16 +159,19 @@ def test_policy_selecting_an_arm_out_of_range_is_named(target, drafters):
         def select(self):
             return 7
 
-    with pytest.raises(PolicyArmError, match=r"policy 'broken' must select an arm in \[0, 3\), but selected 7\. Fix"):
+    with pytest.raises(PolicyArmError, match=r"policy 'broken' must select an arm in \[0, 4\), but selected 7\. Fix"):
         metasd_greedy(target, PROMPT, 5, assistant_models=drafters, meta_policy=Broken())
 
 
 def test_policy_bound_to_another_pool_size(target, drafters):
     policy = hf_metasd.get_policy("ucb")
     policy.reset(2)
-    with pytest.raises(ValueError, match=r"`meta_policy` was bound to 2 drafters, but the pool has 3\. Call"):
+    with pytest.raises(
+        ValueError,
+        match=r"`meta_policy` was bound to 2 arms, but this call has 4 \(3 drafters \+ the no-draft arm\)\. Call",
+    ):
         metasd_greedy(target, PROMPT, 5, assistant_models=drafters, meta_policy=policy)
-    policy.reset(3)  # the fix
+    policy.reset(4)  # the fix: 3 drafters + the no-draft arm
     metasd_greedy(target, PROMPT, 5, assistant_models=drafters, meta_policy=policy)
 
 

@@ -101,7 +101,7 @@ def test_streamer_receives_the_tokens_through_enable(target, pools, references):
 
 def test_telemetry_adds_up(target, pools):
     prompt = PROMPTS[2]
-    out = metasd_greedy(target, prompt, 30, assistant_models=pools[2], return_dict_in_generate=True)
+    out = metasd_greedy(target, prompt, 30, assistant_models=pools[2], return_dict_in_generate=True, meta_reward="bd")
     stats = out.metasd
     new_tokens = out.sequences.shape[1] - prompt.shape[1]
     assert isinstance(out, hf_metasd.MetaSDGenerateOutput)
@@ -121,7 +121,10 @@ def test_telemetry_adds_up(target, pools):
 
 
 def test_ucb_learns_to_pick_the_target_copy(target, pools):
-    out = metasd_greedy(target, PROMPTS[3], 80, assistant_models=pools[2], return_dict_in_generate=True)
+    # BD (no clock in the reward): which drafter UCB learns is decided by acceptance alone
+    out = metasd_greedy(
+        target, PROMPTS[3], 80, assistant_models=pools[2], return_dict_in_generate=True, meta_reward="bd"
+    )
     arms = out.metasd.arms
     assert arms[:2] == [0, 1]  # each drafter once, in pool order
     pulls = out.metasd.pulls
@@ -137,19 +140,35 @@ def test_draft_length_respects_the_length_budget(target, pools):
 
 
 def test_policy_by_name_starts_fresh_and_instance_keeps_learning(target, pools):
-    first = metasd_greedy(target, PROMPTS[5], 20, assistant_models=pools[3], return_dict_in_generate=True)
-    second = metasd_greedy(target, PROMPTS[5], 20, assistant_models=pools[3], return_dict_in_generate=True)
+    first = metasd_greedy(
+        target, PROMPTS[5], 20, assistant_models=pools[3], return_dict_in_generate=True, meta_reward="bd"
+    )
+    second = metasd_greedy(
+        target, PROMPTS[5], 20, assistant_models=pools[3], return_dict_in_generate=True, meta_reward="bd"
+    )
     assert first.metasd.arms[:3] == second.metasd.arms[:3] == [0, 1, 2]
 
     policy = get_policy("ucb")
     a = metasd_greedy(
-        target, PROMPTS[5], 20, assistant_models=pools[3], meta_policy=policy, return_dict_in_generate=True
+        target,
+        PROMPTS[5],
+        20,
+        assistant_models=pools[3],
+        meta_policy=policy,
+        return_dict_in_generate=True,
+        meta_reward="bd",
     )
     pulls_after_first = list(policy.counts)
     # the policy learns from rounds that drafted (the last round may have no length budget left to draft)
     assert sum(pulls_after_first) == sum(1 for d in a.metasd.drafted if d > 0)
     b = metasd_greedy(
-        target, PROMPTS[6], 20, assistant_models=pools[3], meta_policy=policy, return_dict_in_generate=True
+        target,
+        PROMPTS[6],
+        20,
+        assistant_models=pools[3],
+        meta_policy=policy,
+        return_dict_in_generate=True,
+        meta_reward="bd",
     )
     assert sum(policy.counts) == sum(pulls_after_first) + sum(1 for d in b.metasd.drafted if d > 0)
     assert b.metasd.arms[:3] != [0, 1, 2] or pulls_after_first == [0, 0, 0]
@@ -179,6 +198,7 @@ def test_full_information_scores_every_drafter(target, pools, references):
         MAX_NEW,
         assistant_models=pools[3],
         meta_full_information=True,
+        meta_reward="bd",
         return_dict_in_generate=True,
     )
     assert torch.equal(out.sequences, references[0])
@@ -190,8 +210,9 @@ def test_full_information_scores_every_drafter(target, pools, references):
 def test_prompt_warm_start_scores_every_drafter_before_round_two(target, drafters, target_copy):
     prompt = PROMPTS[7]
     pool = [drafters[0], drafters[1], target_copy]
-    cold = metasd_greedy(target, prompt, 30, assistant_models=pool, return_dict_in_generate=True)
-    warm = metasd_greedy(target, prompt, 30, assistant_models=pool, meta_warm_start=4, return_dict_in_generate=True)
+    kwargs = {"return_dict_in_generate": True, "meta_reward": "bd"}
+    cold = metasd_greedy(target, prompt, 30, assistant_models=pool, **kwargs)
+    warm = metasd_greedy(target, prompt, 30, assistant_models=pool, meta_warm_start=4, **kwargs)
     assert torch.equal(warm.sequences, greedy(target, prompt, 30)) and torch.equal(cold.sequences, warm.sequences)
     rewards = warm.metasd.warm_start_rewards
     assert sorted(rewards) == [0, 1, 2]
@@ -229,7 +250,13 @@ def test_full_information_trace_replays_in_the_simulator(target, drafters, targe
 
     pool = [drafters[0], target_copy]
     out = metasd_greedy(
-        target, PROMPTS[9], 40, assistant_models=pool, meta_full_information=True, return_dict_in_generate=True
+        target,
+        PROMPTS[9],
+        40,
+        assistant_models=pool,
+        meta_full_information=True,
+        meta_reward="bd",
+        return_dict_in_generate=True,
     )
     trace = out.metasd.to_trace()
     assert trace and all(set(r["arm_rewards"]) == {0, 1} for r in trace)
@@ -263,6 +290,7 @@ def test_a_drafter_that_abstains_is_not_pulled_and_the_round_goes_to_the_fallbac
         MAX_NEW,
         assistant_models=[Silent(), target_copy],
         meta_policy=policy,
+        meta_reward="bd",
         return_dict_in_generate=True,
     )
     assert torch.equal(out.sequences, references[0])
@@ -301,7 +329,14 @@ def test_a_fallback_outside_the_pool_is_named(target, target_copy):
     with pytest.raises(
         hf_metasd.PolicyArmError, match=r"must select an arm in \[0, 2\), but selected 7\. Fix `BadFallback\.fallback`"
     ):
-        metasd_greedy(target, PROMPTS[0], 4, assistant_models=[Silent(), target_copy], meta_policy=BadFallback())
+        metasd_greedy(
+            target,
+            PROMPTS[0],
+            4,
+            assistant_models=[Silent(), target_copy],
+            meta_policy=BadFallback(),
+            meta_reward="bd",
+        )
 
 
 def test_a_fallback_that_repeats_an_abstained_arm_cannot_loop_forever(target, target_copy, references):
@@ -320,6 +355,7 @@ def test_a_fallback_that_repeats_an_abstained_arm_cannot_loop_forever(target, ta
         MAX_NEW,
         assistant_models=[Silent(), target_copy],
         meta_policy=Stubborn(),
+        meta_reward="bd",
         return_dict_in_generate=True,
     )
     assert torch.equal(out.sequences, references[0])

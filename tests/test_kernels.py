@@ -78,7 +78,9 @@ def test_generate_routes_the_verification_passes_and_stays_lossless(target, draf
     for prompt in prompts(6, seed=7):
         reference = greedy(target, prompt, 16)
         calls = _counting_mm(monkeypatch)
-        on = metasd_greedy(target, prompt, 16, assistant_models=drafters, num_assistant_tokens=3)
+        on = metasd_greedy(
+            target, prompt, 16, assistant_models=drafters, num_assistant_tokens=3, meta_skinny_gemm=True
+        )
         assert calls, "verification passes of 4 tokens must take the transposed product"
         calls.clear()
         off = metasd_greedy(

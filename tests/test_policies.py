@@ -40,6 +40,7 @@ BUILTINS = [
     "successive_halving",
     "thompson",
     "ucb",
+    "ucb_v",
 ]
 NON_LEARNING = {"fixed", "random", "round_robin"}
 
@@ -74,7 +75,7 @@ def test_every_builtin_is_registered():
 
 
 def test_unknown_name_lists_registered_names():
-    with pytest.raises(UnknownPolicyError, match=r"must be one of \[.*'exp3'.*'ucb'\], but is 'ucbb'"):
+    with pytest.raises(UnknownPolicyError, match=r"must be one of \[.*'exp3'.*'ucb'.*\], but is 'ucbb'"):
         get_policy("ucbb")
     with pytest.raises(ValueError):  # UnknownPolicyError is also a ValueError
         get_policy("ucbb")

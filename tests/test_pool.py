@@ -317,7 +317,7 @@ INVALID = {
     ),
     "policy": (
         lambda p: setattr(p, "policy", "oracle"),
-        r"pool policy 'oracle' with \{\} is invalid: `meta_policy` must be one of \[.*'ucb'\], but is 'oracle'",
+        r"pool policy 'oracle' with \{\} is invalid: `meta_policy` must be one of \[.*'ucb'.*\], but is 'oracle'",
     ),
     "policy settings": (
         lambda p: setattr(p, "policy_kwargs", {"beta": object()}),
@@ -333,7 +333,7 @@ INVALID = {
     ),
     "draft length": (
         lambda p: setattr(p, "num_assistant_tokens", 0),
-        r"pool `num_assistant_tokens` must be an int >= 1, but is 0\. Use e\.g\. 5",
+        r"pool `num_assistant_tokens` must be an int >= 1, but is 0\. Use e\.g\. 3",
     ),
 }
 

@@ -11,6 +11,8 @@ from .model import ModelDrafter
 
 __all__ = [
     "DRAFTER_KINDS",
+    "CorpusDrafter",
+    "CorpusIndex",
     "Drafter",
     "EarlyExitDrafter",
     "LoraDrafter",
@@ -39,6 +41,7 @@ def register_drafter_kind(cls: type[Drafter]) -> type[Drafter]:
 register_drafter_kind(ModelDrafter)
 
 # Each kind module registers itself; they import `register_drafter_kind` from here, hence after its definition.
+from .corpus import CorpusDrafter, CorpusIndex  # noqa: E402
 from .early_exit import EarlyExitDrafter, early_exit_model  # noqa: E402
 from .lora import LoraDrafter  # noqa: E402
 from .prompt_lookup import PromptLookupDrafter, prompt_lookup_candidates  # noqa: E402

@@ -7,18 +7,87 @@ A round with drafter *d* is::
 
 `catch_up` and `draft` are separate so that their costs are measured separately: catching up after other drafters
 ran is the price of switching.
+
+**Per-call state.** A drafter object in a pool is shared: by every `generate` call, and by concurrent calls in other
+threads. A call never drafts with it directly; it calls `spawn()` once, which returns a copy for that call only (same
+weights, settings and indexes; its own KV cache and positions), and drafts with the copy. `in_use()` is entered once
+per call around the whole decoding loop: it puts the drafter's modules in the mode drafting needs (eval, the arm's
+adapter) and restores what the user had when the last concurrent call leaves. `on_generation_end` is called on the
+shared drafter with the finished sequence (a corpus drafter that grows online uses it; the default does nothing).
 """
 
 from __future__ import annotations
 
+import copy
+import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, ClassVar
 
 import torch
 
 from ..errors import DrafterCompatibilityError
 
-__all__ = ["Drafter", "is_peft_model", "require_peft", "target_vocab_size"]
+__all__ = ["Drafter", "eval_mode", "is_peft_model", "require_peft", "shared_scope", "target_vocab_size"]
+
+_SCOPES: dict[Hashable, list[Any]] = {}
+_SCOPES_LOCK = threading.Lock()
+
+
+@contextmanager
+def shared_scope(key: Hashable, enter: Callable[[], Any], leave: Callable[[Any], None]) -> Iterator[None]:
+    """A change of shared state that concurrent calls make together: the first call in runs ``state = enter()``,
+    the last one out runs ``leave(state)``; calls in between find the change already made.
+
+    This is how a call puts a user's module in eval mode (or on an adapter) and gives it back as it was, even when
+    several threads draft with the same module at once.
+
+    Example:
+        >>> log = []
+        >>> with shared_scope("k", lambda: log.append("in"), lambda _: log.append("out")):
+        ...     with shared_scope("k", lambda: log.append("in"), lambda _: log.append("out")):
+        ...         pass
+        >>> log
+        ['in', 'out']
+    """
+    with _SCOPES_LOCK:
+        entry = _SCOPES.get(key)
+        if entry is None:
+            entry = _SCOPES[key] = [0, enter()]
+        entry[0] += 1
+    try:
+        yield
+    finally:
+        with _SCOPES_LOCK:
+            entry[0] -= 1
+            if entry[0] == 0:
+                del _SCOPES[key]
+                leave(entry[1])
+
+
+def eval_mode(module: torch.nn.Module) -> AbstractContextManager[None]:
+    """`module` in eval mode for the duration (shared by concurrent calls); every submodule's training flag back after.
+
+    Example:
+        >>> layer = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5)).train()
+        >>> with eval_mode(layer):
+        ...     layer.training
+        False
+        >>> layer.training, layer[1].training
+        (True, True)
+    """
+
+    def enter() -> list[tuple[torch.nn.Module, bool]]:
+        flags = [(m, m.training) for m in module.modules()]
+        module.eval()
+        return flags
+
+    def leave(flags: list[tuple[torch.nn.Module, bool]]) -> None:
+        for m, training in flags:
+            m.training = training
+
+    return shared_scope(("eval", id(module)), enter, leave)
 
 
 def is_peft_model(obj: Any) -> bool:
@@ -79,8 +148,26 @@ class Drafter(ABC):
                 "Use a drafter that shares the target's tokenizer (same vocabulary), or a model-free drafter."
             )
 
+    def spawn(self, target: Any = None) -> Drafter:
+        """A copy of this drafter for one `generate` call (for `target`): shared weights and settings, fresh state.
+
+        The default is a shallow copy followed by `reset()`, so `reset` must *assign* new state objects (a new cache,
+        a new list), never clear shared ones in place. Override it when a kind needs more (e.g. to keep something
+        about `target` on the copy).
+        """
+        clone = copy.copy(self)
+        clone.reset()
+        return clone
+
+    def in_use(self) -> AbstractContextManager[Any]:
+        """Context manager around one whole call (see the module docstring); the default does nothing."""
+        return nullcontext()
+
+    def on_generation_end(self, sequence: torch.LongTensor, prompt_length: int) -> None:
+        """Called on the shared drafter once a call finished, with its final ``(1, L)`` sequence; default: nothing."""
+
     def reset(self) -> None:
-        """Forget per-sequence state (KV caches). Called at the start and end of every `generate`."""
+        """Forget per-sequence state (KV caches) by assigning fresh objects. Called by `spawn`."""
 
     def catch_up(self, input_ids: torch.LongTensor, *, return_logits: bool | int = False) -> torch.Tensor | None:
         """Ingest the tokens of `input_ids` (shape ``(1, L)``) that this drafter has not seen yet.

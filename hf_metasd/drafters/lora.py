@@ -2,8 +2,9 @@
 
 Memory for K adapters is one base plus K adapters (the adapters are small), instead of K full drafters. Each arm is a
 `ModelDrafter` with its own KV cache; the only difference is its forward pass, which first activates the arm's
-adapter on the shared base (``set_adapter``, skipped when it is already active). Catch-up and drafting run inside the
-round of the arm the policy selected, so the adapter that is active is always the one of the drafter that runs.
+adapter on the shared base (``set_adapter``, skipped when it is already active). Activation and forward run under
+one lock per peft model, so arms of concurrent calls never run on another arm's adapter; a call gives the user's
+peft model back on the adapter (and with the training flags) it had.
 
 peft is an optional dependency (``pip install hf-metasd[peft]``), imported only when a LoRA drafter is built.
 """
@@ -11,17 +12,32 @@ peft is an optional dependency (``pip install hf-metasd[peft]``), imported only 
 from __future__ import annotations
 
 import os
+import threading
+import weakref
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
 import torch
 
 from ..errors import DrafterCompatibilityError
 from . import register_drafter_kind
-from .base import is_peft_model, require_peft
+from .base import eval_mode, is_peft_model, require_peft, shared_scope
 from .model import ModelDrafter
 
 __all__ = ["LoraDrafter", "load_adapters"]
+
+#: peft model -> the lock its arms hold while they switch adapter and run a forward pass (concurrent calls share it).
+_LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def _lock_of(peft_model: Any) -> threading.RLock:
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(peft_model)
+        if lock is None:
+            lock = _LOCKS[peft_model] = threading.RLock()
+        return lock
 
 
 @register_drafter_kind
@@ -145,8 +161,31 @@ class LoraDrafter(ModelDrafter):
             self.peft_model.set_adapter(self.adapter_name, inference_mode=True)
 
     def _forward(self, ids: torch.Tensor, num_logits: int) -> torch.Tensor:
-        self.activate()
-        return super()._forward(ids, num_logits)
+        with _lock_of(self.peft_model):
+            self.activate()
+            return super()._forward(ids, num_logits)
+
+    def in_use(self) -> AbstractContextManager[Any]:
+        """Eval mode, and the user's active adapter back after the call (shared by concurrent calls)."""
+        peft_model = self.peft_model
+
+        def enter() -> Any:
+            active = peft_model.active_adapter
+            active = list(active) if isinstance(active, (list, tuple)) else active
+            return active, [(p, p.requires_grad) for p in peft_model.parameters()]
+
+        def leave(state: Any) -> None:
+            active, grads = state
+            with _lock_of(peft_model):
+                if peft_model.active_adapter != active:
+                    peft_model.set_adapter(active)
+                for param, flag in grads:  # `set_adapter` also changes which parameters require grad
+                    param.requires_grad_(flag)
+
+        stack = ExitStack()
+        stack.enter_context(shared_scope(("adapter", id(peft_model)), enter, leave))
+        stack.enter_context(eval_mode(peft_model))
+        return stack
 
     def config(self) -> dict[str, Any]:
         return {"adapter_name": self.adapter_name, **super().config()}

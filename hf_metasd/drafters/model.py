@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ..errors import DrafterCompatibilityError
-from .base import Drafter, target_vocab_size
+from .base import Drafter, eval_mode, target_vocab_size
 
 __all__ = ["ModelDrafter"]
 
@@ -65,7 +66,7 @@ class ModelDrafter(Drafter):
                 f"({type(model).__name__}). Use a decoder-only drafter."
             )
         super().__init__(name or getattr(model, "name_or_path", None) or type(model).__name__)
-        self.model = model.eval()
+        self.model = model
         self._vocab_size = target_vocab_size(model)
         self.head_token_ids: torch.Tensor | None = None
         if head_token_ids is not None:
@@ -82,6 +83,10 @@ class ModelDrafter(Drafter):
     def device(self) -> torch.device:
         """The drafter model's device."""
         return self.model.device
+
+    def in_use(self) -> AbstractContextManager[Any]:
+        """The drafter model in eval mode during the call; its training flags back after."""
+        return eval_mode(self.model)
 
     def config(self) -> dict[str, Any]:
         return {"num_head_tokens": None if self.head_token_ids is None else int(self.head_token_ids.numel())}

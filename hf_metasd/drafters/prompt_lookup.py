@@ -16,7 +16,7 @@ import torch
 from . import register_drafter_kind
 from .base import Drafter, target_vocab_size
 
-__all__ = ["PromptLookupDrafter", "prompt_lookup_candidates"]
+__all__ = ["PromptLookupDrafter", "logits_processor_filter", "prompt_lookup_candidates"]
 
 
 def _check_positive(name: str, value: Any, example: int) -> None:
@@ -77,6 +77,29 @@ def prompt_lookup_candidates(
     return ids[0, :0]
 
 
+def logits_processor_filter(
+    logits_processor: Any, width: int | None
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """transformers' trick as an `is_allowed` for `prompt_lookup_candidates`: run the processors on constant logits
+    of the target's `width`; a candidate they set to -inf/min is forbidden. ``None`` without processors or width."""
+    if logits_processor is None or len(logits_processor) == 0 or width is None:
+        return None
+
+    def is_allowed(prefix: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        allowed = torch.ones(candidates.shape[0], dtype=torch.bool)
+        sequence = prefix
+        for i, token in enumerate(candidates.tolist()):
+            scores = logits_processor(sequence, torch.ones((1, width), dtype=torch.float32, device=prefix.device))
+            value = scores[0, token]
+            if torch.isneginf(value) or value == torch.finfo(scores.dtype).min:
+                allowed[i:] = False
+                break
+            sequence = torch.cat([prefix, candidates[: i + 1].unsqueeze(0)], dim=1)
+        return allowed
+
+    return is_allowed
+
+
 @register_drafter_kind
 class PromptLookupDrafter(Drafter):
     """Model-free drafter that copies continuations of n-grams found earlier in the sequence.
@@ -113,33 +136,17 @@ class PromptLookupDrafter(Drafter):
         self.num_output_tokens = num_output_tokens
         self._logits_width: int | None = None
 
-    def check_compatible(self, target: Any) -> None:
-        """Any vocabulary works; remember the target's width to apply its logits processors to candidates."""
-        super().check_compatible(target)
-        self._logits_width = target_vocab_size(target)
+    def spawn(self, target: Any = None) -> PromptLookupDrafter:
+        """The call's copy; it keeps the target's logits width to apply its logits processors to candidates."""
+        clone = super().spawn(target)
+        clone._logits_width = None if target is None else target_vocab_size(target)
+        return clone
 
     def config(self) -> dict[str, Any]:
         return {"max_matching_ngram_size": self.max_matching_ngram_size, "num_output_tokens": self.num_output_tokens}
 
     def _allowed_by(self, logits_processor: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
-        """transformers' trick: run the processors on constant logits; a candidate at -inf/min is forbidden."""
-        if logits_processor is None or len(logits_processor) == 0 or self._logits_width is None:
-            return None
-        width = self._logits_width
-
-        def is_allowed(prefix: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-            allowed = torch.ones(candidates.shape[0], dtype=torch.bool)
-            sequence = prefix
-            for i, token in enumerate(candidates.tolist()):
-                scores = logits_processor(sequence, torch.ones((1, width), dtype=torch.float32, device=prefix.device))
-                value = scores[0, token]
-                if torch.isneginf(value) or value == torch.finfo(scores.dtype).min:
-                    allowed[i:] = False
-                    break
-                sequence = torch.cat([prefix, candidates[: i + 1].unsqueeze(0)], dim=1)
-            return allowed
-
-        return is_allowed
+        return logits_processor_filter(logits_processor, self._logits_width)
 
     def draft(
         self,

@@ -1,36 +1,50 @@
 """Bandit policies that pick the drafter of each round. Pure Python: no torch, no model code.
 
-Importing this package registers every built-in policy (one module each) in `POLICY_REGISTRY`.
+Importing this package registers every built-in policy (one module each, with its settings dataclass) in
+`POLICY_REGISTRY`.
 """
 
-from .base import Policy
-from .discounted_ucb import DiscountedUCB
-from .epsilon_greedy import EpsilonGreedy
-from .exp3 import EXP3
-from .fixed import FixedPolicy
-from .hedge import Hedge
+from .base import Policy, PolicySettings
+from .discounted_ucb import DiscountedUCB, DiscountedUCBSettings
+from .epsilon_greedy import EpsilonGreedy, EpsilonGreedySettings
+from .exp3 import EXP3, EXP3Settings
+from .fixed import FixedPolicy, FixedPolicySettings
+from .hedge import Hedge, HedgeSettings
 from .random_policy import RandomPolicy
 from .registry import POLICY_REGISTRY, get_policy, register_policy
 from .round_robin import RoundRobin
-from .sliding_window_ucb import SlidingWindowUCB
-from .successive_halving import SuccessiveHalving
-from .thompson import ThompsonSampling
-from .ucb import UCB
+from .sliding_window_ucb import SlidingWindowUCB, SlidingWindowUCBSettings
+from .successive_halving import SuccessiveHalving, SuccessiveHalvingSettings
+from .thompson import ThompsonSampling, ThompsonSamplingSettings
+from .ucb import UCB, UCBSettings
+from .ucb_v import UCBV, UCBVSettings
 
 __all__ = [
     "EXP3",
     "POLICY_REGISTRY",
     "UCB",
+    "UCBV",
     "DiscountedUCB",
+    "DiscountedUCBSettings",
+    "EXP3Settings",
     "EpsilonGreedy",
+    "EpsilonGreedySettings",
     "FixedPolicy",
+    "FixedPolicySettings",
     "Hedge",
+    "HedgeSettings",
     "Policy",
+    "PolicySettings",
     "RandomPolicy",
     "RoundRobin",
     "SlidingWindowUCB",
+    "SlidingWindowUCBSettings",
     "SuccessiveHalving",
+    "SuccessiveHalvingSettings",
     "ThompsonSampling",
+    "ThompsonSamplingSettings",
+    "UCBSettings",
+    "UCBVSettings",
     "get_policy",
     "register_policy",
 ]

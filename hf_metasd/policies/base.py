@@ -1,33 +1,86 @@
-"""The `Policy` contract: a multi-armed bandit over the drafters of a pool.
+"""The `Policy` contract: a multi-armed bandit over the drafters of a pool, and `PolicySettings`, its knobs.
 
 A policy knows nothing about models. Each round the candidate generator asks it for an arm (`select`), lets that
 drafter draft, and after verification tells it the reward (`update`). Rewards are floats, in ``[0, 1]`` for the
-built-in rewards (BE, BD).
+built-in rewards (BE, BD, cost); policies whose maths assumes that range refuse others (see `Policy.reward_bound`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-__all__ = ["Policy"]
+from .._validation import check_real, check_unit_reward
+
+__all__ = ["Policy", "PolicySettings", "setting"]
+
+#: Pseudo-observations a prior mean counts as when `set_prior` is not told otherwise.
+DEFAULT_PRIOR_WEIGHT = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicySettings:
+    """The settings of a policy: a small frozen dataclass, validated in ``__post_init__`` (mabwiser's habit).
+
+    Each built-in policy has one subclass (`UCBSettings`, `EXP3Settings`, ...) whose fields are the policy's
+    constructor arguments except `seed`, each with ``metadata={"help": ...}``; `Policy.config` is derived from it, so
+    every setting is written once. This base class has no field: the settings of a policy without knobs.
+
+    Example:
+        >>> from hf_metasd.policies import UCBSettings
+        >>> UCBSettings(beta=0.5).to_dict(), UCBSettings.describe()["beta"][:18]
+        ({'beta': 0.5}, 'exploration weight')
+    """
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as a plain dict, in field order."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def describe(cls) -> dict[str, str]:
+        """Field name -> its ``help`` text."""
+        return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
+
+    def _set(self, name: str, value: Any) -> None:
+        """Store a validated (possibly converted, e.g. int -> float) value on the frozen instance."""
+        object.__setattr__(self, name, value)
+
+
+def setting(name: str) -> property:
+    """A read-only attribute of a policy that reads `settings.<name>` (so ``UCB(beta=0.5).beta == 0.5``)."""
+    return property(lambda self: getattr(self.settings, name), doc=f"`settings.{name}` (read-only).")
 
 
 class Policy(ABC):
     """Base class of every policy.
 
     Subclasses set `name` (the registry key), implement `select` and, when they keep more than pull counts and reward
-    sums, extend `reset` / `update` / `state_dict`. Settings are keyword arguments of `__init__`, validated there, and
-    returned by `config()` so that a pool can save them.
+    sums, extend `reset` / `_observe` / `state_dict`. Settings are keyword arguments of `__init__`, stored as a frozen
+    `PolicySettings` subclass in `settings` (named by `settings_class`) and returned, with `seed`, by `config()` so
+    that a pool can save them.
+
+    Priors. `set_prior` gives some drafters a prior mean reward, counted as `weight` pseudo-observations: `means()`
+    and the index policies use ``counts + prior_counts`` and ``sums + prior_sums``, while `counts` and `sums` keep
+    only what was observed (telemetry reads them). A drafter with a prior is not "untried": no forced first pull.
+    The prior belongs to the pool, not to what was learnt: `reset` (hence `bind`) keeps it, `clear_prior` removes it,
+    `state_dict` saves it. Only policies that estimate a mean reward per drafter accept one (`supports_prior`).
 
     Attributes:
         num_arms: number of drafters, set by `reset` (``None`` until then).
-        counts: pulls per arm, ``counts[i] = n_i``.
-        sums: summed rewards per arm; ``sums[i] / counts[i]`` is the empirical mean.
+        counts: pulls per arm, ``counts[i] = n_i`` (observed rounds only, never pseudo-observations).
+        sums: summed observed rewards per arm; ``sums[i] / counts[i]`` is the empirical mean.
         t: total number of updates since the last `reset`.
+        settings: the policy's `PolicySettings`.
+        prior_means: the prior set with `set_prior` (one mean or ``None`` per arm), or ``None``.
+        prior_weight: pseudo-observations each prior mean counts as (``None`` without a prior).
+        full_information: class attribute; ``True`` for policies that learn from every drafter's (counterfactual)
+            reward each round through `update_all` (``hedge``). The candidate generator and the simulator then score
+            every drafter after each round when asked to (``meta_full_information=True``); for the other policies
+            `update_all` is a no-op.
 
     Example:
         >>> from hf_metasd.policies import get_policy
@@ -40,7 +93,15 @@ class Policy(ABC):
 
     name: ClassVar[str] = ""
     #: True for policies that learn from every drafter's (counterfactual) reward each round, see `update_all`.
+    #: False for policies whose choices ignore rewards (fixed, random, round robin): nothing is measured for them.
+    uses_rewards: ClassVar[bool] = True
     full_information: ClassVar[bool] = False
+    #: The dataclass of this policy's settings (its constructor arguments but `seed`).
+    settings_class: ClassVar[type[PolicySettings]] = PolicySettings
+    #: True for policies that use `set_prior` (they estimate a mean reward per drafter).
+    supports_prior: ClassVar[bool] = False
+    #: The settings of this instance; a policy without knobs keeps this empty default.
+    settings: PolicySettings = PolicySettings()
 
     def __init__(self, *, seed: int | None = None) -> None:
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
@@ -51,12 +112,32 @@ class Policy(ABC):
         self.sums: list[float] = []
         self.t = 0
         self._rng = random.Random(seed)
+        self.prior_means: list[float | None] | None = None
+        self.prior_weight: float | None = None
+
+    @classmethod
+    def from_settings(cls, settings: PolicySettings, *, seed: int | None = None) -> Policy:
+        """A fresh policy built from a settings object, e.g. ``UCB.from_settings(UCBSettings(beta=0.5))``."""
+        if not isinstance(settings, cls.settings_class):
+            raise TypeError(
+                f"`settings` must be a {cls.settings_class.__name__}, but is {type(settings).__name__}. "
+                f"Build it with `{cls.settings_class.__name__}(...)`."
+            )
+        return cls(**settings.to_dict(), seed=seed)
 
     # ------------------------------------------------------------------ contract
     def reset(self, num_arms: int) -> None:
-        """Forget everything learnt and prepare for `num_arms` drafters (re-seeds the random generator)."""
+        """Forget everything learnt and prepare for `num_arms` drafters (re-seeds the random generator).
+
+        A prior (`set_prior`) is kept: it describes the pool, not what was learnt. Its length must be `num_arms`.
+        """
         if not isinstance(num_arms, int) or isinstance(num_arms, bool) or num_arms < 1:
             raise ValueError(f"`num_arms` must be a positive int, but is {num_arms!r}. Give the pool size.")
+        if self.prior_means is not None and len(self.prior_means) != num_arms:
+            raise ValueError(
+                f"`num_arms` must match the prior set with `set_prior` ({len(self.prior_means)} drafters), but is "
+                f"{num_arms}. Call `clear_prior()`, or `set_prior` with {num_arms} means, first."
+            )
         self.num_arms = num_arms
         self.counts = [0] * num_arms
         self.sums = [0.0] * num_arms
@@ -73,8 +154,9 @@ class Policy(ABC):
         An abstention is not a pull: it says nothing about how good the drafter's drafts are, so it is not
         recorded, and the policy's own choice stays first in later rounds (a prompt-lookup drafter is asked first
         every round and, when it finds no match, the round goes to the fallback). Default: the lowest-index arm
-        not yet pulled, else the best of `scores()` (index policies such as UCB) or of the empirical means, among
-        the arms not in `exclude`; ``None`` when every arm is excluded (the round is a plain target step).
+        not yet pulled (and without a prior), else the best of `scores()` (index policies such as UCB) or of the
+        means, among the arms not in `exclude`; ``None`` when every arm is excluded (the round is a plain target
+        step).
 
         Example:
             >>> from hf_metasd.policies import get_policy
@@ -89,7 +171,8 @@ class Policy(ABC):
         allowed = [arm for arm in range(self.num_arms) if arm not in exclude]
         if not allowed:
             return None
-        untried = [arm for arm in allowed if self.counts[arm] == 0]
+        effective = self.effective_counts()
+        untried = [arm for arm in allowed if effective[arm] == 0]
         if untried:
             return untried[0]
         scores = getattr(self, "scores", None)
@@ -97,18 +180,15 @@ class Policy(ABC):
         return allowed[self._argmax([values[arm] for arm in allowed])]
 
     def update(self, arm: int, reward: float) -> None:
-        """Record `reward` for `arm` (the drafter chosen by the last `select`)."""
+        """Record `reward` for `arm` (the drafter chosen by the last `select`).
+
+        Refuses an arm outside the pool, a NaN reward and, for policies with a `reward_bound`, a reward outside
+        ``[0, bound]`` (round-off within 1e-6 is clipped); nothing is recorded then. Subclasses that learn more than
+        counts and sums extend `_observe`, which sees the validated reward.
+        """
         self._check_ready()
-        if not 0 <= arm < self.num_arms:
-            raise IndexError(
-                f"`arm` must be in [0, {self.num_arms}), but is {arm}. Update with the arm `select` gave."
-            )
-        reward = float(reward)
-        if math.isnan(reward):
-            raise ValueError(f"`reward` must be a number, but is {reward}. Check the reward function.")
-        self.counts[arm] += 1
-        self.sums[arm] += reward
-        self.t += 1
+        self._check_arm(arm)
+        self._observe(arm, self._check_reward(reward))
 
     def update_all(self, rewards: Mapping[int, float]) -> None:
         """Full-information update: `rewards` maps arms to (counterfactual) rewards observed this round.
@@ -120,7 +200,7 @@ class Policy(ABC):
     def bind(self, num_arms: int) -> None:
         """`reset` a fresh policy; keep a policy that already learnt on a pool of the same size.
 
-        This is what lets a policy *instance* learn across `generate` calls.
+        This is what lets a policy *instance* learn across `generate` calls. A prior survives either way.
         """
         if self.num_arms is None:
             self.reset(num_arms)
@@ -130,18 +210,113 @@ class Policy(ABC):
                 "Call `policy.reset(num_arms)` or pass the policy by name to start fresh."
             )
 
+    def reward_bound(self) -> float | None:
+        """*h* when the policy's maths assumes rewards in ``[0, h]`` (`update` refuses others), else ``None``."""
+        return None
+
+    # ------------------------------------------------------------------ priors
+    def set_prior(self, means: Sequence[float | None], weight: float = DEFAULT_PRIOR_WEIGHT) -> None:
+        """Give drafters a prior mean reward, each worth `weight` observed rounds at that mean.
+
+        Args:
+            means: one entry per drafter: its prior mean reward (in ``[0, reward_bound()]`` when the policy has a
+                bound), or ``None`` for no prior on that drafter. Before `reset` it fixes the pool size that
+                `reset` / `bind` must then be given.
+            weight: :math:`w > 0`, how many pseudo-observations each prior mean counts as. Larger trusts the prior
+                longer: it takes about *w* real rounds for the data to weigh as much. Default 2.0.
+
+        Replaces any earlier prior and takes effect at once. `counts`, `sums` and `t` are untouched; `means()` and
+        the index policies read ``counts + prior_counts`` and ``sums + prior_sums``.
+
+        Example:
+            >>> from hf_metasd.policies import get_policy
+            >>> policy = get_policy("epsilon_greedy", epsilon=0.0)
+            >>> policy.set_prior([0.8, None], weight=3.0)
+            >>> policy.reset(num_arms=2)
+            >>> policy.select()                  # drafter 0 has a prior: drafter 1 is the one untried
+            1
+            >>> policy.update(0, 0.4)            # (3 * 0.8 + 0.4) / (3 + 1)
+            >>> policy.counts, [round(m, 4) for m in policy.means()]
+            ([1, 0], [0.7, 0.0])
+        """
+        if not self.supports_prior:
+            from .registry import POLICY_REGISTRY  # a late import: the registry imports this module
+
+            accepting = sorted(name for name, cls in POLICY_REGISTRY.items() if cls.supports_prior)
+            raise TypeError(
+                f"`set_prior` needs a policy that estimates a mean reward per drafter, but {self.name!r} "
+                f"({type(self).__name__}) does not. Use one of {accepting}, or do not set a prior."
+            )
+        if isinstance(means, (str, bytes, Mapping)) or not isinstance(means, Sequence):
+            raise TypeError(
+                f"`means` must be a list with one prior mean (or None) per drafter, but is {type(means).__name__} "
+                f"{means!r}. Pass e.g. [0.9, None, 0.6]."
+            )
+        expected = self.num_arms
+        if expected is not None and len(means) != expected:
+            raise ValueError(
+                f"`means` must have one entry per drafter ({expected}), but has {len(means)}. "
+                "Give a mean, or None, for every drafter."
+            )
+        if not means:
+            raise ValueError("`means` must have one entry per drafter, but is empty. Give a mean or None per drafter.")
+        bound = self.reward_bound()
+        clean: list[float | None] = []
+        for arm, mean in enumerate(means):
+            if mean is None:
+                clean.append(None)
+                continue
+            what = "a finite float" if bound is None else f"a float in [0, {bound:g}]"
+            hint = f"Give drafter {arm}'s expected reward, or None for no prior on it."
+            ok = isinstance(mean, (int, float)) and not isinstance(mean, bool) and math.isfinite(mean)
+            if not ok or (bound is not None and not 0.0 <= mean <= bound):
+                raise ValueError(f"`means[{arm}]` must be None or {what}, but is {mean!r}. {hint}")
+            clean.append(float(mean))
+        weight = check_real(
+            "weight", weight, low=0.0, low_open=True, hint="Use 2.0 (each prior mean counts as two observed rounds)."
+        )
+        self.prior_means = clean
+        self.prior_weight = weight
+
+    def clear_prior(self) -> None:
+        """Remove the prior set with `set_prior` (a no-op without one); what was learnt stays."""
+        self.prior_means = None
+        self.prior_weight = None
+
+    @property
+    def prior_counts(self) -> list[float]:
+        """Pseudo-observations per arm: `prior_weight` where a prior mean is set, else 0.0."""
+        if self.prior_means is None:
+            return [0.0] * (self.num_arms or 0)
+        return [0.0 if m is None else self.prior_weight for m in self.prior_means]
+
+    @property
+    def prior_sums(self) -> list[float]:
+        """Pseudo-reward per arm: ``prior_weight * mean`` where a prior mean is set, else 0.0."""
+        if self.prior_means is None:
+            return [0.0] * (self.num_arms or 0)
+        return [0.0 if m is None else self.prior_weight * m for m in self.prior_means]
+
+    def effective_counts(self) -> list[float]:
+        """``counts[i] + prior_counts[i]``: the observations behind each arm's mean."""
+        return [n + p for n, p in zip(self.counts, self.prior_counts)]
+
     # ------------------------------------------------------------------ helpers
     def means(self) -> list[float]:
-        """Empirical mean reward per arm (0.0 for arms never pulled)."""
-        return [s / n if n else 0.0 for s, n in zip(self.sums, self.counts)]
+        """Mean reward per arm, prior included: ``(sums + prior_sums) / (counts + prior_counts)`` (0.0 if both 0)."""
+        return [
+            (s + ps) / (n + pn) if n + pn else 0.0
+            for s, n, ps, pn in zip(self.sums, self.counts, self.prior_sums, self.prior_counts)
+        ]
 
     def config(self) -> dict[str, Any]:
-        """Settings that rebuild this policy with `get_policy(name, **config())`."""
-        return {"seed": self.seed}
+        """Settings that rebuild this policy with `get_policy(name, **config())`: `settings` and `seed`."""
+        return {**self.settings.to_dict(), "seed": self.seed}
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything learnt, as JSON-serialisable Python values."""
+        """Everything learnt (and the prior), as JSON-serialisable Python values."""
         version, internal, gauss = self._rng.getstate()
+        prior = None if self.prior_means is None else {"means": list(self.prior_means), "weight": self.prior_weight}
         return {
             "name": self.name,
             "config": self.config(),
@@ -150,10 +325,11 @@ class Policy(ABC):
             "sums": list(self.sums),
             "t": self.t,
             "rng_state": [version, list(internal), gauss],
+            "prior": prior,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what `state_dict` returned."""
+        """Restore what `state_dict` returned (a state without ``"prior"``, from before priors, has none)."""
         if state.get("name") != self.name:
             raise ValueError(
                 f"`state['name']` must be {self.name!r}, but is {state.get('name')!r}. "
@@ -165,14 +341,41 @@ class Policy(ABC):
         self.t = int(state["t"])
         version, internal, gauss = state["rng_state"]
         self._rng.setstate((version, tuple(internal), gauss))
+        prior = state.get("prior")
+        if prior is None:
+            self.clear_prior()
+        else:
+            self.set_prior(prior["means"], weight=prior["weight"])
+
+    def _observe(self, arm: int, reward: float) -> None:
+        """Learn from a validated `reward` for a validated `arm`; subclasses extend it (calling super first)."""
+        self.counts[arm] += 1
+        self.sums[arm] += reward
+        self.t += 1
 
     def _check_ready(self) -> None:
         if self.num_arms is None:
             raise RuntimeError(f"{type(self).__name__} has no arms yet. Call `reset(num_arms)` first.")
 
+    def _check_arm(self, arm: int) -> None:
+        if not 0 <= arm < self.num_arms:
+            raise IndexError(
+                f"`arm` must be in [0, {self.num_arms}), but is {arm}. Update with the arm `select` gave."
+            )
+
+    def _check_reward(self, reward: float, name: str = "reward") -> float:
+        """`reward` as a float: NaN refused, and clipped to ``[0, reward_bound()]`` (refused further out)."""
+        r = float(reward)
+        if math.isnan(r):
+            raise ValueError(f"`{name}` must be a number, but is {r}. Check the reward function.")
+        bound = self.reward_bound()
+        if bound is not None:
+            r = check_unit_reward(self.name, r, name=name, high=bound)
+        return r
+
     def _first_untried(self) -> int | None:
-        """Lowest-index arm never pulled, or None."""
-        for arm, n in enumerate(self.counts):
+        """Lowest-index arm never pulled and without a prior, or None."""
+        for arm, n in enumerate(self.effective_counts()):
             if n == 0:
                 return arm
         return None

@@ -2,15 +2,43 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
 
-from ._validation import check_real
+from .._validation import check_real
+from .base import Policy, PolicySettings, setting
 from .registry import register_policy
 from .ucb import UCB
 
-__all__ = ["DiscountedUCB"]
+__all__ = ["DiscountedUCB", "DiscountedUCBSettings"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DiscountedUCBSettings(PolicySettings):
+    """Settings of `DiscountedUCB`."""
+
+    gamma: float = dataclasses.field(
+        default=0.998, metadata={"help": "discount in (0, 1]; smaller forgets faster (more re-exploration)"}
+    )
+    beta: float = dataclasses.field(
+        default=0.25, metadata={"help": "exploration weight beta >= 0; larger explores more, 0 is greedy"}
+    )
+
+    def __post_init__(self) -> None:
+        self._set("beta", check_real("beta", self.beta, low=0.0, hint="Use 0.25."))
+        self._set(
+            "gamma",
+            check_real(
+                "gamma",
+                self.gamma,
+                low=0.0,
+                high=1.0,
+                low_open=True,
+                hint="Use 0.998 (an effective memory of ~500 rounds).",
+            ),
+        )
 
 
 @register_policy
@@ -30,6 +58,11 @@ class DiscountedUCB(UCB):
     discounted number of rounds (it tends to :math:`1 / (1 - \gamma)`, the effective memory). A drafter not pulled
     for a while sees :math:`N_i` shrink and its bonus grow, so it is tried again: that is what lets the policy notice
     that a drafter became better. With :math:`\gamma = 1` this is exactly `ucb`. Ties go to the lowest index.
+    Rewards must lie in ``[0, 1]``.
+
+    Prior (`set_prior`): drafter *i*'s prior mean :math:`m_i` counts as *w* observations made before the first round,
+    so it fades like them: after *t* rounds it adds :math:`w \gamma^t` to :math:`N_i` and :math:`w m_i \gamma^t` to
+    :math:`S_i` (and to *n*). With :math:`\gamma = 1` that is `ucb`'s prior.
 
     Args:
         gamma: discount :math:`\gamma \in (0, 1]`. Smaller forgets faster (more re-exploration, quicker adaptation to
@@ -54,14 +87,13 @@ class DiscountedUCB(UCB):
         [2.2735, 0.9005]
     """
 
-    beta_hint = "Use 0.25."
     name = "discounted_ucb"
+    settings_class = DiscountedUCBSettings
+    gamma = setting("gamma")
 
     def __init__(self, gamma: float = 0.998, beta: float = 0.25, *, seed: int | None = None) -> None:
-        super().__init__(beta=beta, seed=seed)
-        self.gamma = check_real(
-            "gamma", gamma, low=0.0, high=1.0, low_open=True, hint="Use 0.998 (an effective memory of ~500 rounds)."
-        )
+        Policy.__init__(self, seed=seed)  # not UCB.__init__: it only builds UCB's own settings
+        self.settings = DiscountedUCBSettings(gamma=gamma, beta=beta)
         self.discounted_counts: list[float] = []
         self.discounted_sums: list[float] = []
 
@@ -70,26 +102,25 @@ class DiscountedUCB(UCB):
         self.discounted_counts = [0.0] * num_arms
         self.discounted_sums = [0.0] * num_arms
 
-    def update(self, arm: int, reward: float) -> None:
-        super().update(arm, reward)
+    def _observe(self, arm: int, reward: float) -> None:
+        super()._observe(arm, reward)
         g = self.gamma
         self.discounted_counts = [g * n for n in self.discounted_counts]
         self.discounted_sums = [g * s for s in self.discounted_sums]
         self.discounted_counts[arm] += 1.0
-        self.discounted_sums[arm] += float(reward)
+        self.discounted_sums[arm] += reward
 
     def scores(self) -> list[float]:
-        """The D-UCB index of every drafter (``inf`` where the discounted count is 0)."""
+        """The D-UCB index of every drafter (``inf`` where the discounted count, prior included, is 0)."""
         self._check_ready()
-        n = sum(self.discounted_counts)
+        counts, sums = list(self.discounted_counts), list(self.discounted_sums)
+        if self.prior_means is not None:
+            fade = self.gamma**self.t
+            counts = [c + p * fade for c, p in zip(counts, self.prior_counts)]
+            sums = [s + p * fade for s, p in zip(sums, self.prior_sums)]
+        n = sum(counts)
         log_n = math.log(n) if n > 1.0 else 0.0
-        return [
-            s / c + self.beta * math.sqrt(2.0 * log_n / c) if c > 0.0 else math.inf
-            for s, c in zip(self.discounted_sums, self.discounted_counts)
-        ]
-
-    def config(self) -> dict[str, Any]:
-        return {"gamma": self.gamma, "beta": self.beta, "seed": self.seed}
+        return [s / c + self.beta * math.sqrt(2.0 * log_n / c) if c > 0.0 else math.inf for s, c in zip(sums, counts)]
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()

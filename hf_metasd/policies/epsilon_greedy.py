@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
-from ._validation import check_real
-from .base import Policy
+from .._validation import check_real
+from .base import Policy, PolicySettings, setting
 from .registry import register_policy
 
-__all__ = ["EpsilonGreedy"]
+__all__ = ["EpsilonGreedy", "EpsilonGreedySettings"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EpsilonGreedySettings(PolicySettings):
+    """Settings of `EpsilonGreedy`."""
+
+    epsilon: float = dataclasses.field(
+        default=0.1, metadata={"help": "exploration probability in [0, 1]; larger explores more, 0 is greedy"}
+    )
+
+    def __post_init__(self) -> None:
+        self._set("epsilon", check_real("epsilon", self.epsilon, low=0.0, high=1.0, hint="Use 0.1."))
 
 
 @register_policy
@@ -24,7 +36,11 @@ class EpsilonGreedy(Policy):
 
     where :math:`\bar r_i = S_i / n_i` is drafter *i*'s mean reward over its :math:`n_i` rounds and *K* the number
     of drafters. Ties in the argmax go to the lowest index. The random draw may land on the greedy drafter, so the
-    greedy drafter is picked with probability :math:`1 - \varepsilon + \varepsilon / K`.
+    greedy drafter is picked with probability :math:`1 - \varepsilon + \varepsilon / K`. Any finite reward scale
+    works (only the order of the means matters).
+
+    Prior (`set_prior`): :math:`\bar r_i = (S_i + w m_i) / (n_i + w)` for a drafter with prior mean :math:`m_i`,
+    and that drafter is not pulled first.
 
     Args:
         epsilon: :math:`\varepsilon \in [0, 1]`. Larger explores more (``1`` is uniform random); ``0`` is purely
@@ -44,10 +60,13 @@ class EpsilonGreedy(Policy):
     """
 
     name = "epsilon_greedy"
+    settings_class = EpsilonGreedySettings
+    supports_prior = True
+    epsilon = setting("epsilon")
 
     def __init__(self, epsilon: float = 0.1, *, seed: int | None = None) -> None:
         super().__init__(seed=seed)
-        self.epsilon = check_real("epsilon", epsilon, low=0.0, high=1.0, hint="Use 0.1.")
+        self.settings = EpsilonGreedySettings(epsilon=epsilon)
 
     def select(self) -> int:
         self._check_ready()
@@ -57,6 +76,3 @@ class EpsilonGreedy(Policy):
         if self._rng.random() < self.epsilon:
             return self._rng.randrange(self.num_arms)
         return self._argmax(self.means())
-
-    def config(self) -> dict[str, Any]:
-        return {"epsilon": self.epsilon, "seed": self.seed}

@@ -2,15 +2,39 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
 
-from ._validation import check_real, check_unit_reward
-from .base import Policy
+from .._validation import check_real
+from .base import Policy, PolicySettings, setting
 from .registry import register_policy
 
-__all__ = ["EXP3"]
+__all__ = ["EXP3", "EXP3Settings"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EXP3Settings(PolicySettings):
+    """Settings of `EXP3`."""
+
+    gamma: float = dataclasses.field(
+        default=0.1,
+        metadata={"help": "uniform-exploration share and learning rate in (0, 1]; larger explores more"},
+    )
+
+    def __post_init__(self) -> None:
+        self._set(
+            "gamma",
+            check_real(
+                "gamma",
+                self.gamma,
+                low=0.0,
+                high=1.0,
+                low_open=True,
+                hint="Use 0.1, or sqrt(K ln K / ((e - 1) T)) for T rounds.",
+            ),
+        )
 
 
 @register_policy
@@ -30,7 +54,7 @@ class EXP3(Policy):
     normalised with the log-sum-exp trick, so long runs never overflow. :math:`p_i` in the update is the
     probability with which *i* was drawn (weights do not change between `select` and `update`). Rewards must lie in
     ``[0, 1]`` (values within 1e-6 outside are clipped); EXP3 makes no stationarity assumption, which suits drafters
-    whose quality drifts with the prompt.
+    whose quality drifts with the prompt. It keeps no mean reward per drafter, so `set_prior` refuses it.
 
     Args:
         gamma: :math:`\gamma \in (0, 1]`, both the uniform-exploration share and the learning rate. Larger explores
@@ -50,17 +74,12 @@ class EXP3(Policy):
     """
 
     name = "exp3"
+    settings_class = EXP3Settings
+    gamma = setting("gamma")
 
     def __init__(self, gamma: float = 0.1, *, seed: int | None = None) -> None:
         super().__init__(seed=seed)
-        self.gamma = check_real(
-            "gamma",
-            gamma,
-            low=0.0,
-            high=1.0,
-            low_open=True,
-            hint="Use 0.1, or sqrt(K ln K / ((e - 1) T)) for T rounds.",
-        )
+        self.settings = EXP3Settings(gamma=gamma)
         self.log_weights: list[float] = []
 
     def reset(self, num_arms: int) -> None:
@@ -80,15 +99,13 @@ class EXP3(Policy):
         self._check_ready()
         return self._sample(self.probabilities())
 
-    def update(self, arm: int, reward: float) -> None:
-        self._check_ready()
-        reward = check_unit_reward(self.name, reward)
-        p = self.probabilities()[arm] if 0 <= arm < self.num_arms else 1.0
-        super().update(arm, reward)  # validates `arm`
-        self.log_weights[arm] += self.gamma * (reward / p) / self.num_arms
+    def reward_bound(self) -> float:
+        return 1.0
 
-    def config(self) -> dict[str, Any]:
-        return {"gamma": self.gamma, "seed": self.seed}
+    def _observe(self, arm: int, reward: float) -> None:
+        p = self.probabilities()[arm]  # the probability `select` drew `arm` with: weights change only here
+        super()._observe(arm, reward)
+        self.log_weights[arm] += self.gamma * (reward / p) / self.num_arms
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()

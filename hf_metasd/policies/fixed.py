@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
-from ._validation import check_int
-from .base import Policy
+from .._validation import check_int
+from .base import Policy, PolicySettings, setting
 from .registry import register_policy
 
-__all__ = ["FixedPolicy"]
+__all__ = ["FixedPolicy", "FixedPolicySettings"]
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedPolicySettings(PolicySettings):
+    """Settings of `FixedPolicy`."""
+
+    arm: int = dataclasses.field(default=0, metadata={"help": "pool index (>= 0) of the one drafter that drafts"})
+
+    def __post_init__(self) -> None:
+        self._set("arm", check_int("arm", self.arm, low=0, hint="Pass the pool index of the drafter, e.g. `arm=0`."))
 
 
 @register_policy
@@ -17,7 +27,7 @@ class FixedPolicy(Policy):
 
     This is plain single-drafter speculative decoding inside the MetaSD loop, the baseline every learning policy is
     measured against (with `a` the best drafter it is the simulator's oracle for a stationary pool). No exploration
-    at all; `update` only records counts and sums.
+    at all; `update` only records counts and sums (any reward but NaN), and `set_prior` refuses it.
 
     Args:
         arm: :math:`a \ge 0`, the pool index of the drafter. Checked against the pool size in `reset`.
@@ -32,10 +42,13 @@ class FixedPolicy(Policy):
     """
 
     name = "fixed"
+    uses_rewards = False
+    settings_class = FixedPolicySettings
+    arm = setting("arm")
 
     def __init__(self, arm: int = 0, *, seed: int | None = None) -> None:
         super().__init__(seed=seed)
-        self.arm = check_int("arm", arm, low=0, hint="Pass the pool index of the drafter, e.g. `arm=0`.")
+        self.settings = FixedPolicySettings(arm=arm)
 
     def reset(self, num_arms: int) -> None:
         super().reset(num_arms)
@@ -53,6 +66,3 @@ class FixedPolicy(Policy):
     def fallback(self, exclude: set[int]) -> int | None:
         """None: a fixed drafter that abstains leaves the round to the target alone (single-drafter SD)."""
         return None
-
-    def config(self) -> dict[str, Any]:
-        return {"arm": self.arm, "seed": self.seed}

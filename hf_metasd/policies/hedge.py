@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
 
-from ._validation import check_real
-from .base import Policy
+from .._validation import check_real
+from .base import Policy, PolicySettings, setting
 from .registry import register_policy
 
-__all__ = ["Hedge"]
+__all__ = ["Hedge", "HedgeSettings"]
+
+
+@dataclasses.dataclass(frozen=True)
+class HedgeSettings(PolicySettings):
+    """Settings of `Hedge`."""
+
+    eta: float = dataclasses.field(
+        default=0.5, metadata={"help": "learning rate eta > 0; larger exploits sooner, smaller explores longer"}
+    )
+
+    def __post_init__(self) -> None:
+        self._set(
+            "eta",
+            check_real("eta", self.eta, low=0.0, low_open=True, hint="Use 0.5, or sqrt(8 ln K / T) for T rounds."),
+        )
 
 
 @register_policy
@@ -37,6 +53,9 @@ class Hedge(Policy):
     :math:`\eta T`). That mode has no forced exploration: a drafter unlucky in its first rounds may never be drawn
     again, so with bandit feedback only prefer `exp3` or `ucb`.
 
+    Rewards, from `update` and `update_all`, must lie in ``[0, 1]`` (the range `eta`'s tuning assumes; values within
+    1e-6 outside are clipped). Hedge weighs cumulative rewards, not mean estimates, so `set_prior` refuses it.
+
     Args:
         eta: learning rate :math:`\eta > 0`. Larger concentrates on the leader faster (less exploration);
             smaller spreads the draws. The regret-optimal choice for *T* rounds and *K* drafters with rewards in
@@ -56,10 +75,12 @@ class Hedge(Policy):
 
     name = "hedge"
     full_information = True
+    settings_class = HedgeSettings
+    eta = setting("eta")
 
     def __init__(self, eta: float = 0.5, *, seed: int | None = None) -> None:
         super().__init__(seed=seed)
-        self.eta = check_real("eta", eta, low=0.0, low_open=True, hint="Use 0.5, or sqrt(8 ln K / T) for T rounds.")
+        self.settings = HedgeSettings(eta=eta)
         self.observed_sums: list[float] = []
         self.observed_counts: list[int] = []
         self._pending: tuple[int, float] | None = None  # partial observation of this round, applied at `select`
@@ -73,10 +94,13 @@ class Hedge(Policy):
         self._covered = set()
 
     # ------------------------------------------------------------------ observations
-    def update(self, arm: int, reward: float) -> None:
-        super().update(arm, reward)  # validates arm and reward, counts the pull
+    def reward_bound(self) -> float:
+        return 1.0
+
+    def _observe(self, arm: int, reward: float) -> None:
+        super()._observe(arm, reward)  # counts the pull
         if arm not in self._covered:
-            self._pending = (arm, float(reward))
+            self._pending = (arm, reward)
 
     def update_all(self, rewards: Mapping[int, float]) -> None:
         self._check_ready()
@@ -87,10 +111,7 @@ class Hedge(Policy):
                 raise IndexError(
                     f"`rewards` keys must be arms in [0, {self.num_arms}), but has {arm}. Report one reward per drafter."
                 )
-            r = float(reward)
-            if math.isnan(r):
-                raise ValueError(f"`rewards[{arm}]` must be a number, but is {r}. Check the reward function.")
-            clean[arm] = r
+            clean[arm] = self._check_reward(reward, name=f"rewards[{arm}]")
         if self._pending is not None and self._pending[0] not in clean:
             self._apply(*self._pending)
         self._pending = None
@@ -137,9 +158,6 @@ class Hedge(Policy):
         return self._sample(self.probabilities())
 
     # ------------------------------------------------------------------ persistence
-    def config(self) -> dict[str, Any]:
-        return {"eta": self.eta, "seed": self.seed}
-
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state["observed_sums"] = list(self.observed_sums)

@@ -14,8 +14,8 @@ class RandomPolicy(Policy):
 
     Each round picks :math:`i_t \sim \mathrm{Uniform}\{0, \dots, K-1\}` independently of every reward, with *K* the
     number of drafters. It has no knob: exploration is total and nothing is learnt (`update` only records counts and
-    sums, so `means()` still reports what each drafter earned). It is the lower baseline of the simulator: its regret
-    grows linearly with the number of rounds.
+    sums, so `means()` still reports what each drafter earned; any reward but NaN is accepted, and `set_prior`
+    refuses it). It is the lower baseline of the simulator: its regret grows linearly with the number of rounds.
 
     Args:
         seed: seed of the random generator.
@@ -30,6 +30,7 @@ class RandomPolicy(Policy):
     """
 
     name = "random"
+    uses_rewards = False
 
     def select(self) -> int:
         self._check_ready()

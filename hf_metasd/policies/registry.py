@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
+from collections.abc import Mapping
 from typing import Any
 
-from ..errors import UnknownPolicyError
+from ..errors import UnknownPolicyError, UnknownPolicySettingError
 from .base import Policy
 
 __all__ = ["POLICY_REGISTRY", "get_policy", "register_policy"]
@@ -48,12 +51,28 @@ def register_policy(cls: type[Policy] | None = None, *, name: str | None = None)
     return _register(cls) if cls is not None else _register
 
 
-def get_policy(policy: str | Policy, **kwargs: Any) -> Policy:
-    """A `Policy` from a registered name (a fresh instance built with `kwargs`) or an instance (returned as is)."""
+def get_policy(policy: str | Policy, settings: Mapping[str, Any] | None = None, /, **kwargs: Any) -> Policy:
+    """A `Policy` from a registered name (a fresh instance built with the settings) or an instance (returned as is).
+
+    Settings come as keyword arguments (``get_policy("ucb", beta=0.5)``), as a mapping in second place
+    (``get_policy("ucb", {"beta": 0.5})``, what a caller holding ``meta_policy_kwargs`` passes), or both. Unknown
+    setting names raise `UnknownPolicySettingError` listing the policy's settings; a mapping that is not one (e.g.
+    the string ``"beta=1"``) raises a `TypeError`.
+
+    Example:
+        >>> from hf_metasd.policies import get_policy
+        >>> get_policy("ucb", {"beta": 0.5})
+        UCB(beta=0.5, seed=None)
+        >>> get_policy("ucb", betta=1)
+        Traceback (most recent call last):
+        ...
+        hf_metasd.errors.UnknownPolicySettingError: `meta_policy_kwargs` for 'ucb' must use the settings ['beta', 'seed'], but has unknown 'betta'. Did you mean 'beta'? See `help(UCB)` for what each setting does.
+    """
+    merged = _merge_settings(settings, kwargs)
     if isinstance(policy, Policy):
-        if kwargs:
+        if merged:
             raise ValueError(
-                f"`meta_policy_kwargs` must be empty when `meta_policy` is an instance, but is {kwargs!r}. "
+                f"`meta_policy_kwargs` must be empty when `meta_policy` is an instance, but is {merged!r}. "
                 "Set the settings when you build the policy."
             )
         return policy
@@ -67,4 +86,56 @@ def get_policy(policy: str | Policy, **kwargs: Any) -> Policy:
             f"`meta_policy` must be one of {sorted(POLICY_REGISTRY)}, but is {policy!r}. "
             "Pick a registered name or register yours with `hf_metasd.register_policy`."
         )
-    return POLICY_REGISTRY[policy](**kwargs)
+    cls = POLICY_REGISTRY[policy]
+    _check_setting_names(policy, cls, merged)
+    return cls(**merged)
+
+
+def _merge_settings(settings: object, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """One dict of settings from the optional mapping and the keyword arguments."""
+    if settings is None:
+        return dict(kwargs)
+    if not isinstance(settings, Mapping):
+        raise TypeError(
+            f"`meta_policy_kwargs` must be a dict of settings, but is {type(settings).__name__} {settings!r}. "
+            "Pass a dict, e.g. `meta_policy_kwargs={'beta': 1.0}`."
+        )
+    bad = [key for key in settings if not isinstance(key, str)]
+    if bad:
+        raise TypeError(
+            f"`meta_policy_kwargs` must have setting names (str) as keys, but has {bad[0]!r}. "
+            "Use the names of the policy's settings, e.g. {'beta': 1.0}."
+        )
+    twice = sorted(set(settings) & set(kwargs))
+    if twice:
+        raise TypeError(
+            f"`get_policy` settings must be given once, but {twice[0]!r} is both in the mapping and a keyword. "
+            "Pass it in one place."
+        )
+    return {**settings, **kwargs}
+
+
+def _setting_names(cls: type[Policy]) -> list[str] | None:
+    """The keyword arguments `cls` accepts (its settings and `seed`), or None when it takes ``**kwargs``."""
+    names = []
+    for param in inspect.signature(cls).parameters.values():
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            return None
+        if param.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
+            names.append(param.name)
+    return names
+
+
+def _check_setting_names(policy: str, cls: type[Policy], settings: Mapping[str, Any]) -> None:
+    valid = _setting_names(cls)
+    if valid is None:
+        return
+    unknown = [key for key in settings if key not in valid]
+    if not unknown:
+        return
+    guesses = [match for key in unknown for match in difflib.get_close_matches(key, valid, n=1)]
+    guess = f"Did you mean {', '.join(repr(g) for g in guesses)}? " if guesses else ""
+    raise UnknownPolicySettingError(
+        f"`meta_policy_kwargs` for {policy!r} must use the settings {sorted(valid)}, but has unknown "
+        f"{', '.join(repr(k) for k in unknown)}. {guess}See `help({cls.__name__})` for what each setting does."
+    )

@@ -17,8 +17,9 @@ class RoundRobin(Policy):
 
     Round *t* (counting `select` calls from 0 since `reset`) picks :math:`i_t = t \bmod K`, with *K* the number of
     drafters. The turn advances on `select`, not on `update`, so asking twice moves on twice. There is no knob and
-    nothing is learnt; every drafter gets the same share of rounds, which makes it the baseline for comparing
-    drafters under identical conditions (and a cheap way to collect a reward trace for each of them).
+    nothing is learnt (any reward but NaN is recorded; `set_prior` refuses it); every drafter gets the same share of
+    rounds, which makes it the baseline for comparing drafters under identical conditions (and a cheap way to
+    collect a reward trace for each of them).
 
     Args:
         seed: unused (deterministic); accepted for a uniform interface.
@@ -32,6 +33,7 @@ class RoundRobin(Policy):
     """
 
     name = "round_robin"
+    uses_rewards = False
 
     def __init__(self, *, seed: int | None = None) -> None:
         super().__init__(seed=seed)

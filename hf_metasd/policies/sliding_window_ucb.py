@@ -2,16 +2,34 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from ._validation import check_int
+from .._validation import check_int, check_real
+from .base import Policy, PolicySettings, setting
 from .registry import register_policy
 from .ucb import UCB
 
-__all__ = ["SlidingWindowUCB"]
+__all__ = ["SlidingWindowUCB", "SlidingWindowUCBSettings"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SlidingWindowUCBSettings(PolicySettings):
+    """Settings of `SlidingWindowUCB`."""
+
+    window: int = dataclasses.field(
+        default=500, metadata={"help": "rounds remembered, >= 1; smaller adapts faster but re-explores more"}
+    )
+    beta: float = dataclasses.field(
+        default=0.25, metadata={"help": "exploration weight beta >= 0; larger explores more, 0 is greedy"}
+    )
+
+    def __post_init__(self) -> None:
+        self._set("beta", check_real("beta", self.beta, low=0.0, hint="Use 0.25."))
+        self._set("window", check_int("window", self.window, low=1, hint="Use 500 (rounds remembered)."))
 
 
 @register_policy
@@ -25,7 +43,12 @@ class SlidingWindowUCB(UCB):
 
     where *t* is the number of rounds so far. A drafter absent from the window has index ``inf``, so each drafter
     drafts at least once every *W* rounds: a drafter that improved is noticed within about *W* rounds. With
-    :math:`W \ge` the run length this is exactly `ucb`. Ties go to the lowest index.
+    :math:`W \ge` the run length this is exactly `ucb`. Ties go to the lowest index. Rewards must lie in ``[0, 1]``.
+
+    Prior (`set_prior`): drafter *i*'s prior mean counts as *w* observations made before the first round, so it is
+    in the window for the first *W* rounds (:math:`t < W`) only: it adds *w* to :math:`N_i(W)`, :math:`w m_i` to
+    :math:`S_i(W)` and all pseudo-observations to :math:`\min(t, W)`, then leaves with the round that fills the
+    window.
 
     Args:
         window: :math:`W \ge 1`, rounds remembered. Smaller adapts faster to a change but re-explores more often and
@@ -49,12 +72,13 @@ class SlidingWindowUCB(UCB):
         ([0, 2], 0)
     """
 
-    beta_hint = "Use 0.25."
     name = "sliding_window_ucb"
+    settings_class = SlidingWindowUCBSettings
+    window = setting("window")
 
     def __init__(self, window: int = 500, beta: float = 0.25, *, seed: int | None = None) -> None:
-        super().__init__(beta=beta, seed=seed)
-        self.window = check_int("window", window, low=1, hint="Use 500 (rounds remembered).")
+        Policy.__init__(self, seed=seed)  # not UCB.__init__: it only builds UCB's own settings
+        self.settings = SlidingWindowUCBSettings(window=window, beta=beta)
         self.history: deque[tuple[int, float]] = deque(maxlen=self.window)
         self._wcounts: list[int] = []
         self._wsums: list[float] = []
@@ -64,17 +88,17 @@ class SlidingWindowUCB(UCB):
         self.history = deque(maxlen=self.window)
         self._recount()
 
-    def update(self, arm: int, reward: float) -> None:
-        super().update(arm, reward)
+    def _observe(self, arm: int, reward: float) -> None:
+        super()._observe(arm, reward)
         if len(self.history) == self.window:
             old_arm, old_r = self.history[0]
             self._wcounts[old_arm] -= 1
             self._wsums[old_arm] -= old_r
-        self.history.append((arm, float(reward)))
+        self.history.append((arm, reward))
         self._wcounts[arm] += 1
-        self._wsums[arm] += float(reward)
+        self._wsums[arm] += reward
         if self._wcounts[arm] == 1:  # restart the running sum: no round-off carried over from evicted rounds
-            self._wsums[arm] = float(reward)
+            self._wsums[arm] = reward
 
     def _recount(self) -> None:
         self._wcounts = [0] * (self.num_arms or 0)
@@ -94,16 +118,15 @@ class SlidingWindowUCB(UCB):
         return list(self._wsums)
 
     def scores(self) -> list[float]:
-        """The SW-UCB index of every drafter (``inf`` for drafters absent from the window)."""
+        """The SW-UCB index of every drafter (``inf`` for drafters absent from the window, prior included)."""
+        counts, sums = self.window_counts(), self.window_sums()
         horizon = min(self.t, self.window)
+        if self.prior_means is not None and self.t < self.window:  # the prior has not left the window yet
+            counts = [n + p for n, p in zip(counts, self.prior_counts)]
+            sums = [s + p for s, p in zip(sums, self.prior_sums)]
+            horizon += sum(self.prior_counts)
         log_h = math.log(horizon) if horizon > 1 else 0.0
-        return [
-            s / n + self.beta * math.sqrt(2.0 * log_h / n) if n else math.inf
-            for s, n in zip(self.window_sums(), self.window_counts())
-        ]
-
-    def config(self) -> dict[str, Any]:
-        return {"window": self.window, "beta": self.beta, "seed": self.seed}
+        return [s / n + self.beta * math.sqrt(2.0 * log_h / n) if n else math.inf for s, n in zip(sums, counts)]
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()

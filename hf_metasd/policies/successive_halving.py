@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from ._validation import check_int
-from .base import Policy
+from .._validation import check_int
+from .base import Policy, PolicySettings, setting
 from .registry import register_policy
 
-__all__ = ["SuccessiveHalving"]
+__all__ = ["SuccessiveHalving", "SuccessiveHalvingSettings"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SuccessiveHalvingSettings(PolicySettings):
+    """Settings of `SuccessiveHalving`."""
+
+    budget: int = dataclasses.field(
+        default=10, metadata={"help": "rounds per drafter in the first phase, >= 1; larger explores longer"}
+    )
+
+    def __post_init__(self) -> None:
+        self._set(
+            "budget", check_int("budget", self.budget, low=1, hint="Use 10 (rounds per drafter in the first phase).")
+        )
 
 
 @register_policy
@@ -31,7 +46,10 @@ class SuccessiveHalving(Policy):
     Symbols: :math:`b` the `budget`, :math:`n_i` drafter *i*'s number of rounds, :math:`r_s` the reward of round *s*.
 
     An `update` for a drafter other than the scheduled one (a caller overriding `select`) is recorded in the means
-    but does not advance the schedule.
+    but does not advance the schedule. Any finite reward scale works (only the order of the means matters).
+
+    Prior (`set_prior`): the ranking uses :math:`\bar r_i = (S_i + w m_i) / (n_i + w)` for a drafter with prior mean
+    :math:`m_i`; the schedule is unchanged (every drafter still drafts its :math:`m_0` rounds in phase 0).
 
     Args:
         budget: :math:`b \ge 1`, rounds per drafter in the first phase. Larger explores longer (more reliable
@@ -52,10 +70,13 @@ class SuccessiveHalving(Policy):
     """
 
     name = "successive_halving"
+    settings_class = SuccessiveHalvingSettings
+    supports_prior = True
+    budget = setting("budget")
 
     def __init__(self, budget: int = 10, *, seed: int | None = None) -> None:
         super().__init__(seed=seed)
-        self.budget = check_int("budget", budget, low=1, hint="Use 10 (rounds per drafter in the first phase).")
+        self.settings = SuccessiveHalvingSettings(budget=budget)
         self.survivors: list[int] = []
         self.phase = 0
         self._cursor = 0  # index into `survivors` of the drafter that drafts now
@@ -81,8 +102,8 @@ class SuccessiveHalving(Policy):
         self._check_ready()
         return self.survivors[self._cursor]
 
-    def update(self, arm: int, reward: float) -> None:
-        super().update(arm, reward)
+    def _observe(self, arm: int, reward: float) -> None:
+        super()._observe(arm, reward)
         if self.committed or arm != self.survivors[self._cursor]:
             return
         self._done_in_phase += 1
@@ -100,9 +121,6 @@ class SuccessiveHalving(Policy):
         self.survivors = sorted(ranked[:keep])
         self.phase += 1
         self._cursor = 0
-
-    def config(self) -> dict[str, Any]:
-        return {"budget": self.budget, "seed": self.seed}
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()

@@ -2,13 +2,48 @@
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
-from ._validation import check_real, check_unit_reward
-from .base import Policy
+from .._validation import check_real
+from .base import Policy, PolicySettings, setting
 from .registry import register_policy
 
-__all__ = ["ThompsonSampling"]
+__all__ = ["ThompsonSampling", "ThompsonSamplingSettings"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ThompsonSamplingSettings(PolicySettings):
+    """Settings of `ThompsonSampling`."""
+
+    prior_alpha: float = dataclasses.field(
+        default=1.0, metadata={"help": "Beta prior pseudo-successes alpha_0 > 0 (shared by every drafter)"}
+    )
+    prior_beta: float = dataclasses.field(
+        default=1.0,
+        metadata={"help": "Beta prior pseudo-failures beta_0 > 0; larger alpha_0 + beta_0 explores less early on"},
+    )
+
+    def __post_init__(self) -> None:
+        self._set(
+            "prior_alpha",
+            check_real(
+                "prior_alpha",
+                self.prior_alpha,
+                low=0.0,
+                low_open=True,
+                hint="Use 1.0 (a uniform prior with prior_beta=1).",
+            ),
+        )
+        self._set(
+            "prior_beta",
+            check_real(
+                "prior_beta",
+                self.prior_beta,
+                low=0.0,
+                low_open=True,
+                hint="Use 1.0 (a uniform prior with prior_alpha=1).",
+            ),
+        )
 
 
 @register_policy
@@ -27,6 +62,10 @@ class ThompsonSampling(Policy):
     :math:`\alpha_i / (\alpha_i + \beta_i)` tracks the mean reward, but the posterior is narrower than the exact one
     when rewards have small variance, so this is a heuristic, not an exact Bayesian update. Rewards must lie in
     ``[0, 1]`` (values within 1e-6 outside are clipped).
+
+    Per-drafter priors (`set_prior`) are Beta pseudo-counts on top of :math:`(\alpha_0, \beta_0)`: a prior mean
+    :math:`m_i` with weight *w* adds :math:`w m_i` to :math:`\alpha_i` and :math:`w (1 - m_i)` to
+    :math:`\beta_i`.
 
     Args:
         prior_alpha: :math:`\alpha_0 > 0`, prior pseudo-successes.
@@ -47,28 +86,26 @@ class ThompsonSampling(Policy):
     """
 
     name = "thompson"
+    settings_class = ThompsonSamplingSettings
+    supports_prior = True
+    prior_alpha = setting("prior_alpha")
+    prior_beta = setting("prior_beta")
 
     def __init__(self, prior_alpha: float = 1.0, prior_beta: float = 1.0, *, seed: int | None = None) -> None:
         super().__init__(seed=seed)
-        self.prior_alpha = check_real(
-            "prior_alpha", prior_alpha, low=0.0, low_open=True, hint="Use 1.0 (a uniform prior with prior_beta=1)."
-        )
-        self.prior_beta = check_real(
-            "prior_beta", prior_beta, low=0.0, low_open=True, hint="Use 1.0 (a uniform prior with prior_alpha=1)."
-        )
+        self.settings = ThompsonSamplingSettings(prior_alpha=prior_alpha, prior_beta=prior_beta)
+
+    def reward_bound(self) -> float:
+        return 1.0
 
     def posterior(self) -> list[tuple[float, float]]:
-        """:math:`(\\alpha_i, \\beta_i)` for every drafter."""
+        r""":math:`(\alpha_i, \beta_i)` for every drafter (per-drafter priors included)."""
         self._check_ready()
-        return [(self.prior_alpha + s, self.prior_beta + n - s) for s, n in zip(self.sums, self.counts)]
+        return [
+            (self.prior_alpha + s + ps, self.prior_beta + n - s + (pn - ps))
+            for s, n, ps, pn in zip(self.sums, self.counts, self.prior_sums, self.prior_counts)
+        ]
 
     def select(self) -> int:
         samples = [self._rng.betavariate(a, b) for a, b in self.posterior()]
         return self._argmax(samples)
-
-    def update(self, arm: int, reward: float) -> None:
-        self._check_ready()
-        super().update(arm, check_unit_reward(self.name, reward))
-
-    def config(self) -> dict[str, Any]:
-        return {"prior_alpha": self.prior_alpha, "prior_beta": self.prior_beta, "seed": self.seed}

@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any
 
-from ._validation import check_real
-from .base import Policy
+from .._validation import check_real
+from .base import Policy, PolicySettings, setting
 from .registry import register_policy
 
-__all__ = ["UCB"]
+__all__ = ["UCB", "UCBSettings"]
+
+
+@dataclasses.dataclass(frozen=True)
+class UCBSettings(PolicySettings):
+    """Settings of `UCB`."""
+
+    beta: float = dataclasses.field(
+        default=1.0, metadata={"help": "exploration weight beta >= 0; larger explores more, 0 is greedy on the means"}
+    )
+
+    def __post_init__(self) -> None:
+        self._set("beta", check_real("beta", self.beta, low=0.0, hint="Use 1.0 (the paper's default)."))
 
 
 @register_policy
@@ -21,7 +33,12 @@ class UCB(Policy):
     .. math:: i_t = \arg\max_i \; \bar r_i + \beta \sqrt{2 \ln t / n_i}
 
     where :math:`\bar r_i` is drafter *i*'s mean reward, :math:`n_i` its number of pulls and :math:`t = \sum_i n_i`
-    the number of rounds so far. Ties go to the lowest index.
+    the number of rounds so far. Ties go to the lowest index. Rewards must lie in ``[0, 1]`` (values within 1e-6
+    outside are clipped): the bonus is sized for that range.
+
+    With a prior (`set_prior`), :math:`n_i` and :math:`\bar r_i` include drafter *i*'s pseudo-observations and *t*
+    all of them, so the prior is exactly as if those rounds had been observed; a drafter with a prior is not pulled
+    first.
 
     Args:
         beta: exploration weight :math:`\beta \ge 0`. Larger explores more; ``0`` is greedy on the means.
@@ -38,20 +55,25 @@ class UCB(Policy):
     """
 
     name = "ucb"
-    #: How the `beta` error message suggests a value (subclasses with another default override it).
-    beta_hint = "Use 1.0 (the paper's default)."
+    settings_class = UCBSettings
+    supports_prior = True
+    beta = setting("beta")
 
     def __init__(self, beta: float = 1.0, *, seed: int | None = None) -> None:
         super().__init__(seed=seed)
-        self.beta = check_real("beta", beta, low=0.0, hint=self.beta_hint)
+        self.settings = UCBSettings(beta=beta)
+
+    def reward_bound(self) -> float:
+        return 1.0
 
     def scores(self) -> list[float]:
         """The UCB index of every arm (``inf`` for arms never pulled); variants override it, `select` stays."""
         self._check_ready()
-        log_t = math.log(self.t) if self.t > 0 else 0.0
+        total = self.t + sum(self.prior_counts)
+        log_t = math.log(total) if total > 1 else 0.0
         return [
             mean + self.beta * math.sqrt(2.0 * log_t / n) if n else math.inf
-            for mean, n in zip(self.means(), self.counts)
+            for mean, n in zip(self.means(), self.effective_counts())
         ]
 
     def select(self) -> int:
@@ -60,6 +82,3 @@ class UCB(Policy):
         if untried is not None:
             return untried
         return self._argmax(self.scores())
-
-    def config(self) -> dict[str, Any]:
-        return {"beta": self.beta, "seed": self.seed}

@@ -1,0 +1,73 @@
+r"""`CostModel`: smoothed seconds per round of every arm, the unit of the cost-aware `speed` reward.
+
+A wall-clock reward is noisy: one round can take twice as long as the next because the machine did something else.
+The `speed` reward therefore does not divide by the round's own time but by a smoothed estimate of what a round of
+that arm costs: an exponential moving average over the arm's measured rounds,
+
+.. math:: \hat c_a \leftarrow (1 - \lambda)\, \hat c_a + \lambda\, s_r \quad (\hat c_a = s_r \text{ at the first round}),
+
+with :math:`s_r` the measured seconds of round :math:`r` (selection, catch-up, drafting, verification and update;
+a drafter's prompt prefill and the target's prompt prefill are left out, since every method pays them once) and
+:math:`\lambda` the `smoothing` (larger follows changes faster and averages less noise away). The no-draft arm's
+estimate is :math:`\hat c_{plain}`, the cost of a plain target step.
+
+Estimates persist across calls in a per-process cache keyed by the target, the arm and the thread count, so that a
+second call starts with the costs the first one measured (a new target, drafter or thread count starts fresh).
+
+Example:
+    >>> costs = CostModel(["d0", "no_draft"], smoothing=0.5)
+    >>> costs.observe(0, 0.10); costs.observe(0, 0.20)
+    >>> costs.estimate(0), costs.estimate(1)
+    (0.15000000000000002, None)
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import torch
+
+from ._validation import check_real
+
+__all__ = ["CostModel"]
+
+#: target -> {(arm key, threads): smoothed seconds}: what earlier calls measured.
+_CACHE: weakref.WeakKeyDictionary[Any, dict[tuple[Hashable, int], float]] = weakref.WeakKeyDictionary()
+
+
+class CostModel:
+    """Smoothed seconds per round, one estimate per arm (see the module docstring).
+
+    Args:
+        keys: one hashable key per arm, identifying the drafter across calls (e.g. its model object's id).
+        smoothing: :math:`\\lambda \\in (0, 1]`.
+        target: the target model whose process-level cache to read and update (``None``: no cache).
+    """
+
+    def __init__(self, keys: Sequence[Hashable], *, smoothing: float = 0.3, target: Any = None) -> None:
+        self.smoothing = check_real("smoothing", smoothing, low=0.0, high=1.0, low_open=True, hint="Use e.g. 0.3.")
+        self.keys = list(keys)
+        self._threads = torch.get_num_threads()
+        self._cache: dict[tuple[Hashable, int], float] | None = None
+        if target is not None:
+            try:
+                self._cache = _CACHE.setdefault(target, {})
+            except TypeError:  # not weak-referenceable: no cache
+                self._cache = None
+        self._seconds: list[float | None] = [
+            None if self._cache is None else self._cache.get((key, self._threads)) for key in self.keys
+        ]
+
+    def observe(self, arm: int, seconds: float) -> None:
+        """Fold one measured round of `arm` into its estimate."""
+        old = self._seconds[arm]
+        new = seconds if old is None else (1.0 - self.smoothing) * old + self.smoothing * seconds
+        self._seconds[arm] = new
+        if self._cache is not None:
+            self._cache[(self.keys[arm], self._threads)] = new
+
+    def estimate(self, arm: int) -> float | None:
+        """Smoothed seconds of a round of `arm`, or ``None`` before its first measured round."""
+        return self._seconds[arm]

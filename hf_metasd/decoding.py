@@ -1,0 +1,208 @@
+"""The draft-and-verify loop of a MetaSD call: transformers' assisted decoding, with plain `generate`'s stopping.
+
+It follows `GenerationMixin._assisted_decoding` step for step (transformers' own input preparation, cache handling,
+logits processing and speculative sampling helpers are reused), with three differences that make the output the
+one plain `generate` returns:
+
+* **Stopping criteria are evaluated at every new position, in order, and the output is cut at the first position
+  where one fires** (transformers' loop evaluates them once per round, after all accepted tokens were appended, and
+  overshoots a custom criterion by up to the draft length). The criteria are called exactly once per kept token,
+  with the sequence up to that token, as in plain `generate`, so stateful criteria see the same calls.
+* **The streamer receives the kept tokens only**, round by round, then `end()`.
+* **A round with no candidates is a plain target step** (the no-draft arm, or a drafter that abstained): one token
+  through the target, nothing to verify.
+
+The candidate generator is the one seam: ``get_candidates`` before the target's forward pass,
+``update_candidate_strategy`` after acceptance.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from transformers.generation.candidate_generator import (
+    _prepare_attention_mask,
+    _prepare_position_ids,
+    _prepare_token_type_ids,
+)
+from transformers.generation.utils import GenerateDecoderOnlyOutput, _speculative_sampling, _split_model_outputs
+
+__all__ = ["assisted_decoding"]
+
+_CACHE_NAMES = ("cache", "past_key_values")
+
+
+def _first_stop(
+    stopping_criteria: Any, sequence: torch.LongTensor, start: int, scores: tuple[torch.Tensor, ...] | None, new: Any
+) -> int | None:
+    """Index (0-based, among the ``len(new)`` new tokens at the end of `sequence`) of the first token after which a
+    criterion fires, or None. `scores` are the processed scores before this round and `new` this round's."""
+    for i in range(sequence.shape[1] - start):
+        prefix = sequence[:, : start + i + 1]
+        seen = None if scores is None else scores + tuple(new[: i + 1])
+        if bool(stopping_criteria(prefix, seen).any()):
+            return i
+    return None
+
+
+def assisted_decoding(
+    model: Any,
+    input_ids: torch.LongTensor,
+    *,
+    candidate_generator: Any,
+    logits_processor: Any,
+    stopping_criteria: Any,
+    generation_config: Any,
+    streamer: Any = None,
+    **model_kwargs: Any,
+) -> GenerateDecoderOnlyOutput | torch.LongTensor:
+    """Decode with `candidate_generator` proposing tokens and `model` verifying them (batch size 1).
+
+    Args:
+        model: the target (a transformers causal LM).
+        input_ids: ``(1, L)`` the prompt.
+        candidate_generator: a transformers `CandidateGenerator` (here `MetaCandidateGenerator`).
+        logits_processor / stopping_criteria / generation_config: what `generate` prepared.
+        streamer: optional; receives the kept tokens of each round, then `end()`.
+        model_kwargs: the target's inputs as `generate` prepared them (its cache among them).
+
+    Returns:
+        ``(1, L + n)`` ids, or a `GenerateDecoderOnlyOutput` with ``return_dict_in_generate=True``.
+    """
+    cache = model_kwargs.get("cache")
+    if cache is None:
+        raise RuntimeError("MetaSD decoding needs the target's cache, but `generate` prepared none.")
+    cache.activate_past_recording()
+    stats = candidate_generator.stats
+    do_sample = generation_config.do_sample
+    return_dict = generation_config.return_dict_in_generate
+    output_scores = return_dict and generation_config.output_scores
+    output_logits = return_dict and generation_config.output_logits
+    output_attentions = return_dict and generation_config.output_attentions
+    output_hidden_states = return_dict and generation_config.output_hidden_states
+    # the processed scores so far: returned with `output_scores`, and what a stopping criterion sees, as in plain
+    # generate (there: the same tuple, or None without `output_scores`)
+    scores: tuple[torch.Tensor, ...] | None = () if output_scores else None
+    raw_logits: tuple[torch.Tensor, ...] | None = () if output_logits else None
+    attentions: tuple | None = () if output_attentions else None
+    hidden_states: tuple | None = () if output_hidden_states else None
+
+    is_first_iteration = True
+    outputs = None
+    n_matches = 0
+    finished = False
+    while not finished:
+        cur_len = input_ids.shape[1]
+        # 1. candidates from the pool (none: a plain target step)
+        if candidate_generator.requires_model_outputs:
+            candidate_ids, candidate_logits = candidate_generator.get_candidates(
+                input_ids,
+                model_kwargs=model_kwargs,
+                model_outputs=outputs,
+                is_first_iteration=is_first_iteration,
+                n_last_matches=n_matches,
+            )
+        else:
+            candidate_ids, candidate_logits = candidate_generator.get_candidates(input_ids)
+        with stats.timed("verify"):
+            candidate_ids = candidate_ids.to(model.device)
+            if candidate_logits is not None:
+                candidate_logits = candidate_logits.to(model.device)
+            candidate_length = candidate_ids.shape[1] - cur_len
+
+            # 2. the target's forward pass over the last token and the candidates
+            candidate_kwargs = copy.copy(model_kwargs)
+            candidate_kwargs = _prepare_attention_mask(candidate_kwargs, candidate_ids.shape[1], False)
+            candidate_kwargs = _prepare_token_type_ids(candidate_kwargs, candidate_ids.shape[1])
+            if (position_ids := candidate_kwargs.get("position_ids")) is not None and candidate_length > 0:
+                new_length = candidate_length + position_ids.shape[-1]
+                candidate_kwargs = _prepare_position_ids(candidate_kwargs, new_length, False)
+            model_inputs = model.prepare_inputs_for_generation(
+                candidate_ids,
+                next_sequence_length=None if is_first_iteration else candidate_length + 1,
+                is_first_iteration=is_first_iteration,
+                **candidate_kwargs,
+            )
+            if "logits_to_keep" in model_inputs:
+                model_inputs["logits_to_keep"] = candidate_length + 1
+            if candidate_generator.requires_model_outputs:
+                model_inputs |= candidate_generator.model_kwargs_overrides
+            if output_attentions:
+                model_inputs["output_attentions"] = True
+            if output_hidden_states:
+                model_inputs["output_hidden_states"] = True
+            if is_first_iteration:
+                outputs = model(**model_inputs)
+            else:
+                with model._optimize_model_for_decode():
+                    outputs = model(**model_inputs)
+            if is_first_iteration and not outputs.cache.is_croppable:
+                raise ValueError("MetaSD needs a target cache that can be cropped after verification.")
+
+            # 3. processed logits at the candidate positions and the bonus position
+            new_logits = outputs.logits[:, -candidate_length - 1 :].to(dtype=torch.float32, device=input_ids.device)
+            next_token_logits = new_logits.clone() if output_logits else None
+            if len(logits_processor) > 0:
+                for i in range(candidate_length + 1):
+                    new_logits[:, i, :] = logits_processor(candidate_ids[:, : cur_len + i], new_logits[:, i, :])
+
+            # 4. acceptance: speculative sampling with drafter logits, else token matching
+            if do_sample and candidate_logits is not None and candidate_length > 0:
+                valid_tokens, n_matches = _speculative_sampling(
+                    candidate_ids, candidate_logits, candidate_length, new_logits
+                )
+                n_matches = int(n_matches)
+            else:
+                if do_sample:
+                    selected = torch.multinomial(new_logits[0].softmax(dim=-1), num_samples=1).squeeze(1)[None, :]
+                else:
+                    selected = new_logits.argmax(dim=-1)
+                candidates = candidate_ids[:, cur_len:]
+                n_matches = int(((~(candidates == selected[:, :-1])).cumsum(dim=-1) < 1).sum())
+                valid_tokens = selected[:, : n_matches + 1]
+            budget = generation_config.max_length - cur_len
+            valid_tokens = valid_tokens[:, :budget]
+
+            # 5. stop exactly where plain generate stops: the first position where a criterion fires
+            sequence = torch.cat((input_ids, valid_tokens.to(input_ids.device)), dim=-1)
+            round_scores = [new_logits[:, i, :] for i in range(valid_tokens.shape[1])]
+            stop = _first_stop(stopping_criteria, sequence, cur_len, scores, round_scores)
+            kept = valid_tokens.shape[1] if stop is None else stop + 1
+            finished = stop is not None or kept == 0
+            input_ids = sequence[:, : cur_len + kept]
+            if streamer is not None and kept:
+                streamer.put(input_ids[:, cur_len:].cpu())
+            # the cache holds every position fed; keep all but the last kept token (fed next round)
+            outputs.cache.crop(-(candidate_length + 1 - kept))
+        candidate_generator.update_candidate_strategy(input_ids, new_logits, n_matches, num_kept=kept)
+
+        model_kwargs = model._update_model_kwargs_for_generation(
+            outputs, model_kwargs, is_encoder_decoder=False, num_new_tokens=kept
+        )
+        if return_dict:
+            if output_scores:
+                scores += tuple(round_scores[:kept])
+            if output_logits:
+                raw_logits += tuple(next_token_logits[:, i, :] for i in range(kept))
+            added = cur_len + kept if is_first_iteration else kept
+            if output_attentions and outputs.attentions is not None and outputs.attentions[0] is not None:
+                attentions = _split_model_outputs(attentions, outputs.attentions, cur_len, added, True)
+            if output_hidden_states and outputs.hidden_states is not None:
+                hidden_states = _split_model_outputs(hidden_states, outputs.hidden_states, cur_len, added)
+        is_first_iteration = False
+
+    if streamer is not None:
+        streamer.end()
+    if not return_dict:
+        return input_ids
+    cache = next((model_kwargs[name] for name in _CACHE_NAMES if name in model_kwargs), None)
+    return GenerateDecoderOnlyOutput(
+        sequences=input_ids,
+        scores=scores,
+        logits=raw_logits,
+        attentions=attentions,
+        hidden_states=hidden_states,
+        cache=cache,
+    )
