@@ -52,6 +52,8 @@ DEFAULTS: dict[str, Any] = {
     "meta_warm_start": 0,
     "meta_skinny_gemm": None,
     "meta_no_draft": None,
+    "meta_priors": None,
+    "meta_prior_weight": None,
 }
 #: Every setting a MetaSD call reads, by name.
 SETTINGS = tuple(DEFAULTS)
@@ -227,7 +229,8 @@ def build_candidate_generator(
     policy = get_policy(settings["meta_policy"], **_policy_kwargs(settings["meta_policy_kwargs"]))
     reward = settings["meta_reward"]
     get_reward(reward)  # validate the name before any compute
-    return MetaCandidateGenerator(
+    priors = _priors(settings, policy, pool_defaults, call)
+    generator = MetaCandidateGenerator(
         [d.spawn(model) for d in drafters],
         policy,
         reward=reward,
@@ -239,6 +242,38 @@ def build_candidate_generator(
         no_draft=settings["meta_no_draft"],
         target=model,
     )
+    if priors is not None:
+        names = generator.stats.drafter_names
+        unknown = sorted(set(priors) - set(names))
+        if unknown:
+            raise MetaSDConfigError(
+                f"`meta_priors` must name arms of this call {names}, but names {unknown}. Fix the names."
+            )
+        weight = settings["meta_prior_weight"]
+        generator.policy.set_prior(
+            [priors.get(name) for name in names], **({} if weight is None else {"weight": weight})
+        )
+    return generator
+
+
+def _priors(settings: dict[str, Any], policy: Policy, pool_defaults: dict[str, Any], call: dict[str, Any]) -> Any:
+    """The priors this call applies: given per call, or the pool's when its reward is the call's reward (a pool's
+    priors are means of its own reward) and the policy is a fresh one that takes priors."""
+    priors = settings.get("meta_priors")
+    if priors is None:
+        return None
+    if not isinstance(priors, dict):
+        raise TypeError(
+            f"`meta_priors` must be a dict of arm name -> prior mean reward, but is {type(priors).__name__}. "
+            'Pass e.g. `{"prompt_lookup": 0.4}`.'
+        )
+    from_call = call.get("meta_priors") is not None
+    if not from_call:
+        if pool_defaults.get("meta_reward", settings["meta_reward"]) != settings["meta_reward"]:
+            return None
+        if not isinstance(settings["meta_policy"], str) or not policy.supports_prior:
+            return None
+    return priors
 
 
 def _policy_kwargs(value: Any) -> dict[str, Any]:
@@ -303,6 +338,8 @@ def generate(
     meta_warm_start: int | None = None,
     meta_skinny_gemm: bool | None = None,
     meta_no_draft: bool | None = None,
+    meta_priors: dict[str, float] | None = None,
+    meta_prior_weight: float | None = None,
     metasd_streamer: Any = None,
     **model_kwargs: Any,
 ) -> Any:
@@ -326,6 +363,10 @@ def generate(
             is faster on this machine, once per process; ``True`` / ``False`` force the transposed / stock product.
         meta_no_draft: whether the policy may give a round to the target alone (``None``: when the reward is
             cost-aware, as the default ``speed``).
+        meta_priors: prior mean rewards by arm name (``"no_draft"`` for the no-draft arm), given to the policy as
+            pseudo-observations (`Policy.set_prior`). A pool brings the priors measured when it was built; they
+            apply when the call uses the pool's reward and a fresh policy that takes priors.
+        meta_prior_weight: pseudo-observations each prior counts as (default: the policy's, 2).
         metasd_streamer: another way to pass a streamer (kept for compatibility; ``streamer=`` works).
 
     Returns:
@@ -346,6 +387,8 @@ def generate(
         "meta_warm_start": meta_warm_start,
         "meta_skinny_gemm": meta_skinny_gemm,
         "meta_no_draft": meta_no_draft,
+        "meta_priors": meta_priors,
+        "meta_prior_weight": meta_prior_weight,
     }
     _check_meta_keys(model_kwargs, "`generate`'s keyword arguments")
     caller = _caller_locals()
@@ -357,7 +400,13 @@ def generate(
     drafters, pool_defaults = _pool_from(assistant_models)
     settings = resolve_settings(call, generation_config, pool_defaults)
     candidate_generator = build_candidate_generator(
-        model, generation_config, logits_processor, input_ids, assistant_models=assistant_models, settings=settings
+        model,
+        generation_config,
+        logits_processor,
+        input_ids,
+        assistant_models=assistant_models,
+        settings=settings,
+        **call,
     )
     if streamer is None:
         streamer = caller.get("streamer")  # transformers already put the prompt into it

@@ -10,6 +10,14 @@ from typing import Any
 
 __all__ = ["TIME_PARTS", "MetaSDStats"]
 
+#: The clock every MetaSD call reads (seconds). Tests replace it with a fake one to make wall-clock rewards exact.
+CLOCK: Callable[[], float] = time.perf_counter
+
+
+def _now() -> float:
+    return CLOCK()
+
+
 #: The parts of a call's wall time, in the order `summary` prints them (each has a ``<part>_seconds`` field).
 TIME_PARTS = ("draft", "prefill", "catch_up", "verify", "policy", "reward", "warm_start", "kernel_choice")
 
@@ -63,7 +71,7 @@ class MetaSDStats:
     counterfactual_rewards: list[dict[int, float]] = field(default_factory=list)
     counterfactual_accepted: list[dict[int, int]] = field(default_factory=list)
     warm_start_rewards: dict[int, float] = field(default_factory=dict)
-    clock: Callable[[], float] = field(default=time.perf_counter, repr=False, compare=False)
+    clock: Callable[[], float] = field(default=_now, repr=False, compare=False)
 
     @contextmanager
     def timed(self, part: str) -> Iterator[None]:
@@ -146,7 +154,7 @@ class MetaSDStats:
         return out
 
     def to_trace(self) -> list[dict[str, dict[int, float]]]:
-        """Full-information rounds as a trace for `hf_metasd.simulate.replay` (rounds covering every drafter).
+        """Full-information rounds as a trace for `hf_metasd.benchmark.simulate.replay` (rounds covering every drafter).
 
         Counterfactual accepted counts are observable only within each round's verified window (accepted + 1
         tokens), so they under-count for drafters that would have gone further: replay is a conservative estimate.

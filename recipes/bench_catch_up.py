@@ -11,7 +11,7 @@ wall time of `generate` for two pools:
 
 Run from the repository root::
 
-    python recipes/bench_catch_up.py                     # SmolLM2-135M-Instruct target (hf_metasd.offline), fp32
+    python recipes/bench_catch_up.py                     # SmolLM2-135M-Instruct target (hf_metasd.benchmark.offline), fp32
     python recipes/bench_catch_up.py --target synthetic  # a random SmolLM2-shaped 8-layer target, no weights needed
 """
 
@@ -34,7 +34,7 @@ TEXTS = (
 
 def load_target(kind: str):
     if kind == "smollm2":
-        from hf_metasd.offline import chat_prompt, load_default_target
+        from hf_metasd.benchmark.offline import chat_prompt, load_default_target
 
         target, tokenizer = load_default_target(torch.float32)
         return target.eval(), [chat_prompt(tokenizer, t) for t in TEXTS]

@@ -7,7 +7,7 @@
 2. Three drafters (UCB with BD): share of wall time spent in selection (policy), reward and catch-up (ingesting
    tokens a drafter missed while others drafted; each drafter's prompt prefill is reported apart).
 
-The target is the embedded default (SmolLM2-135M-Instruct, `hf_metasd.offline`); drafters are its first k layers
+The target is the embedded default (SmolLM2-135M-Instruct, `hf_metasd.benchmark.offline`); drafters are its first k layers
 copied into separate small models (real weights, low acceptance: this measures machinery, not drafter quality).
 Methods are interleaved prompt by prompt so that machine noise hits them alike; every output is checked against
 plain greedy.
@@ -28,8 +28,8 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
 import hf_metasd
-from hf_metasd.offline import chat_prompt, load_default_target
-from hf_metasd.prompts import load_bench_prompts, mixed_stream
+from hf_metasd.benchmark.offline import chat_prompt, load_default_target
+from hf_metasd.benchmark.prompts import load_bench_prompts, mixed_stream
 
 
 def truncated_copy(target, num_layers: int):

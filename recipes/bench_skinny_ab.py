@@ -2,7 +2,7 @@
 
 Greedy, after an untimed warm-up call of each; every output is checked against plain decoding. Default: the `--models qwen` configuration
 (Qwen2.5-Coder-1.5B target, the 0.5B as drafter; ~9 GB of RAM, its PyPI packages installed as
-`hf_metasd.offline.load_qwen_coder` says); `--models smollm2` uses the default target and the embedded pool's
+`hf_metasd.benchmark.offline.load_qwen_coder` says); `--models smollm2` uses the default target and the embedded pool's
 `general` drafter.
 
     python recipes/bench_skinny_ab.py
@@ -17,9 +17,9 @@ import time
 import torch
 
 import hf_metasd
-from hf_metasd.cli import default_pool
+from hf_metasd.benchmark.offline import load_embedded_pool as default_pool
 from hf_metasd.drafters import ModelDrafter
-from hf_metasd.offline import chat_prompt, load_default_target, load_qwen_coder
+from hf_metasd.benchmark.offline import chat_prompt, load_default_target, load_qwen_coder
 
 PROMPT = "Write a Python function that checks whether a string is a palindrome."
 

@@ -25,9 +25,10 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "recipes"))
 
-from train_drafters import TASKS, generate_continuations, shuffled_prompts  # noqa: E402
+from train_drafters import TASKS, shuffled_prompts  # noqa: E402
+from transformers import DynamicCache  # noqa: E402
 
-from hf_metasd.offline import load_default_target  # noqa: E402
+from hf_metasd.benchmark.offline import load_default_target  # noqa: E402
 
 
 def task_split(data_dir: Path, task: str, tokenizer, seed: int, val_prompts: int, max_prompt_tokens: int):
@@ -35,6 +36,51 @@ def task_split(data_dir: Path, task: str, tokenizer, seed: int, val_prompts: int
     pairs = shuffled_prompts(data_dir, task, tokenizer, seed, max_prompt_tokens)
     n_val = min(val_prompts, len(pairs) // 2)
     return pairs[:n_val], pairs[n_val:]
+
+
+@torch.no_grad()
+def generate_continuations(target, prompt_ids: list[list[int]], max_new_tokens: int, batch_size: int, eos: int, desc):
+    """Greedy continuations, batched with left padding; each stops at (and includes) the first eos.
+
+    Unlike `generate`, a row that finished leaves the batch (its cache rows are dropped), so short answers do not pay
+    for the longest one of their batch.
+    """
+    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+    outputs: list[list[int]] = [[] for _ in prompt_ids]
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        width = max(len(prompt_ids[i]) for i in idx)
+        ids = torch.full((len(idx), width), eos, dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for row, i in enumerate(idx):
+            ids[row, width - len(prompt_ids[i]) :] = torch.tensor(prompt_ids[i])
+            mask[row, width - len(prompt_ids[i]) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=target.config)
+        logits = target(
+            input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1
+        ).logits[:, -1]
+        alive = list(idx)
+        for step in range(max_new_tokens):
+            tokens = logits.argmax(-1)
+            done = []
+            for row, i in enumerate(alive):
+                outputs[i].append(int(tokens[row]))
+                if int(tokens[row]) == eos or step == max_new_tokens - 1:
+                    done.append(row)
+            if len(done) == len(alive):
+                break
+            if done:
+                keep = torch.tensor([r for r in range(len(alive)) if r not in done])
+                cache.batch_select_indices(keep)
+                mask, positions, tokens = mask[keep], positions[keep], tokens[keep]
+                alive = [alive[r] for r in keep.tolist()]
+            mask = torch.cat([mask, mask.new_ones(len(alive), 1)], dim=1)
+            positions = positions[:, -1:] + 1
+            logits = target(
+                input_ids=tokens[:, None], attention_mask=mask, position_ids=positions, cache=cache, use_cache=True
+            ).logits[:, -1]
+    return outputs
 
 
 def parse_args(argv=None):

@@ -1,6 +1,6 @@
 """Simulated MetaSD: stopping-time regret of the policies, BD vs BE, non-stationary drafters, cost-aware reward.
 
-No model, no GPU: the drafters are the simulated ones of `hf_metasd.simulate` (known acceptance rates, per-position
+No model, no GPU: the drafters are the simulated ones of `hf_metasd.benchmark.simulate` (known acceptance rates, per-position
 acceptance probabilities drawn from a Beta with concentration 20). Writes four PNGs and `numbers.json` into --out
 and prints the key numbers.
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from hf_metasd.simulate import Scenario, simulate, simulate_oracle
+from hf_metasd.benchmark.simulate import Scenario, simulate, simulate_oracle
 
 REPO = Path(__file__).resolve().parents[1]
 

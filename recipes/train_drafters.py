@@ -39,7 +39,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from hf_metasd.offline import chat_prompt, load_default_target  # noqa: E402
+from hf_metasd.benchmark.offline import chat_prompt, load_default_target  # noqa: E402
 
 TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag", "code")
 EMBEDDING_KEYS = ("model.embed_tokens.weight", "lm_head.weight")

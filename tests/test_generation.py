@@ -246,7 +246,7 @@ def test_warm_start_must_be_a_non_negative_int(target, drafters):
 
 
 def test_full_information_trace_replays_in_the_simulator(target, drafters, target_copy):
-    from hf_metasd.simulate import replay
+    from hf_metasd.benchmark.simulate import replay
 
     pool = [drafters[0], target_copy]
     out = metasd_greedy(

@@ -103,3 +103,58 @@ def test_meta_skinny_gemm_must_be_a_bool_or_none(target, drafters):
     finally:
         handle.remove()
     assert not calls
+
+
+class _Timer:
+    """A fake clock: each timed product costs `stock` or `skinny` units, in the order the measurement calls them."""
+
+    def __init__(self, stock: float, skinny: float):
+        self.now, self.calls, self.durations = 0.0, 0, [stock, skinny]
+
+    def __call__(self):
+        # every measured call reads the clock twice (start, end); ends advance by the product's cost, alternating
+        self.calls += 1
+        if self.calls % 2 == 0:
+            self.now += self.durations[(self.calls // 2 - 1) % 2]
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("stock", "skinny", "expected"), [(2.0, 1.0, "skinny"), (1.0, 2.0, "stock"), (1.0, 0.99, "stock")]
+)
+def test_the_kernel_is_chosen_by_measurement(stock, skinny, expected):
+    from hf_metasd.kernels import choose_verification_kernel, clear_kernel_choices
+
+    clear_kernel_choices()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 8), torch.nn.Linear(8, 16))
+    timer = _Timer(stock, skinny)
+    choice = choose_verification_kernel(model, [4], repeats=3, timer=lambda: timer())
+    assert choice.kernel == expected and choice.measured
+    # two groups of shapes ((16, 8) twice, (8, 16) once), 3 repeats each: the medians times the layer counts
+    assert choice.stock_seconds == pytest.approx(3 * stock) and choice.skinny_seconds == pytest.approx(3 * skinny)
+    # cached for the process: a second call measures nothing
+    again = choose_verification_kernel(model, [4], timer=lambda: 1 / 0)
+    assert again.kernel == expected and again.seconds == 0.0
+    clear_kernel_choices()
+
+
+def test_generate_reports_the_measured_kernel(target, drafters):
+    from hf_metasd.kernels import clear_kernel_choices
+
+    clear_kernel_choices()
+    out = metasd_greedy(target, prompts(1)[0], 8, assistant_models=drafters, return_dict_in_generate=True)
+    stats = out.metasd
+    assert stats.kernel in ("stock", "skinny") and set(stats.kernel_timings) == {"stock_seconds", "skinny_seconds"}
+    assert stats.kernel_choice_seconds > 0
+    forced = metasd_greedy(
+        target, prompts(1)[0], 8, assistant_models=drafters, meta_skinny_gemm=True, return_dict_in_generate=True
+    )
+    assert forced.metasd.kernel == "skinny" and forced.metasd.kernel_timings == {}
+    assert torch.equal(forced.sequences, out.sequences)
+
+
+def test_bfloat16_targets_are_never_measured():
+    from hf_metasd.kernels import choose_verification_kernel
+
+    choice = choose_verification_kernel(torch.nn.Linear(8, 8).bfloat16(), [4], timer=lambda: 1 / 0)
+    assert choice.kernel == "stock" and not choice.measured

@@ -1,4 +1,4 @@
-"""Tests for hf_metasd.offline: the error paths are fast unit tests; the real load is marked slow."""
+"""Tests for hf_metasd.benchmark.offline: the error paths are fast unit tests; the real load is marked slow."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 import torch
 
-from hf_metasd import offline
+from hf_metasd.benchmark import offline
 
 
 def test_missing_package_raises_import_error_naming_the_pip_command(monkeypatch, tmp_path):

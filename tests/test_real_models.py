@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import hf_metasd
-from hf_metasd.cli import default_pool, embedded_pool_path
-from hf_metasd.offline import chat_prompt, load_default_target
-from hf_metasd.prompts import load_bench_prompts
+from hf_metasd.benchmark.offline import embedded_pool_path
+from hf_metasd.benchmark.offline import load_embedded_pool as default_pool
+from hf_metasd.benchmark.offline import chat_prompt, load_default_target
+from hf_metasd.benchmark.prompts import load_bench_prompts
 
 pytestmark = pytest.mark.slow
 

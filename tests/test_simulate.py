@@ -10,7 +10,7 @@ import pytest
 
 from hf_metasd.policies import Policy, register_policy
 from hf_metasd.policies.registry import POLICY_REGISTRY
-from hf_metasd.simulate import (
+from hf_metasd.benchmark.simulate import (
     Scenario,
     load_trace,
     regret_samples,

@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_metasd
 from hf_metasd.policies import POLICY_REGISTRY, Policy, get_policy, register_policy
-from hf_metasd.simulate import Scenario, simulate, stopping_time_regret
+from hf_metasd.benchmark.simulate import Scenario, simulate, stopping_time_regret
 
 torch.set_num_threads(1)
 

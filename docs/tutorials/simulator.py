@@ -3,7 +3,7 @@
 Run it from the repository root: ``python docs/tutorials/simulator.py``.
 """
 
-from hf_metasd.simulate import (
+from hf_metasd.benchmark.simulate import (
     Scenario,
     replay,
     simulate,

@@ -72,7 +72,7 @@ class DiscountedUCB(UCB):
 
     Defaults. :math:`\gamma = 0.998` remembers about 500 rounds. Because :math:`\ln n` stays below
     :math:`\ln(1 / (1 - \gamma))`, the bonus never shrinks the way UCB's does, so :math:`\beta = 1` keeps paying for
-    exploration forever: in `hf_metasd.simulate` (stationary rates 0.8 / 0.6 / 0.4, 5 drafted tokens, noise-free BD
+    exploration forever: in `hf_metasd.benchmark.simulate` (stationary rates 0.8 / 0.6 / 0.4, 5 drafted tokens, noise-free BD
     reward, 8000 tokens, 5 seeds) :math:`\beta = 1` drafted 26% of the rounds with worse drafters, :math:`\beta = 0.25`
     4%. Hence :math:`\beta = 0.25`; rerun ``recipes/simulate_regret.py`` to compare on your own rates.
 

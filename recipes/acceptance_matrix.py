@@ -1,0 +1,230 @@
+"""The dev-split acceptance matrix: every candidate drafter x task, and what each drafter costs on this machine.
+
+For greedy decoding, speculative decoding with one fixed drafter is replayed *exactly* without running the target's
+verification: the target's greedy answer ``y`` to a prompt is computed once (plain `generate`); a round at position
+``t`` lets the drafter propose ``N`` tokens after ``prompt + y[:t]``, the target accepts the longest common prefix
+``a`` of the proposal and ``y[t:]``, and the next round starts at ``t + a + 1``. The recipe records, for every
+drafter, every dev prompt and **every** position ``t``, what the drafter proposes there and how much of it would be
+accepted: the table `recipes/build_default_pool.py` simulates policies on, and the matrix (mean accepted tokens per
+round of the fixed drafter) drawn as a heatmap.
+
+Dev prompts: the first ``--val-prompts`` prompts of each task after the shuffle of `recipes/train_drafters.py`
+(never used to build corpora or train drafters; benchmark prompts are never read). Corpora: the target's answers to
+the *other* training prompts (`recipes/generate_task_outputs.py`).
+
+    python recipes/acceptance_matrix.py                    # writes artifacts/acceptance/{table.pt,matrix.json,...}
+    python recipes/acceptance_matrix.py --corpus-sizes 2000 10000 50000 0   # + the corpus size curve (0 = all)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT / "recipes"))
+
+from generate_task_outputs import task_split  # noqa: E402
+from train_drafters import TASKS  # noqa: E402
+
+from hf_metasd.benchmark.offline import load_default_target, load_embedded_pool  # noqa: E402
+from hf_metasd.drafters import CorpusDrafter, PromptLookupDrafter  # noqa: E402
+
+ASSETS = REPO_ROOT / "docs" / "assets" / "bench"
+
+
+def dev_answers(target, tokenizer, args) -> dict[str, list[tuple[list[int], list[int]]]]:
+    """The target's greedy answers (fp32, `max_new_tokens`) to each task's dev prompts, cached."""
+    path = args.out / f"dev_answers_new{args.max_new_tokens}_val{args.val_prompts}.pt"
+    store = torch.load(path) if path.is_file() else {}
+    for task in args.tasks:
+        if task in store:
+            continue
+        dev, _ = task_split(args.data_dir, task, tokenizer, args.seed, args.val_prompts, args.max_prompt_tokens)
+        pairs = []
+        for _, ids in dev:
+            out = target.generate(
+                torch.tensor([ids]), do_sample=False, max_new_tokens=args.max_new_tokens, pad_token_id=2
+            )
+            pairs.append((ids, out[0, len(ids) :].tolist()))
+        store[task] = pairs
+        torch.save(store, path)
+        print(f"dev answers: {task} ({len(pairs)} prompts)", flush=True)
+    return {t: store[t] for t in args.tasks}
+
+
+def corpus_drafters(args, tasks, max_tokens: int = 0) -> list[CorpusDrafter]:
+    """One corpus drafter per task from the target's answers to its training prompts (first `max_tokens`; 0: all)."""
+    drafters = []
+    for task in tasks:
+        path = args.outputs / f"{task}.pt"
+        if not path.is_file():
+            continue
+        outputs = torch.load(path)["outputs"]
+        if max_tokens:
+            kept, total = [], 0
+            for seq in outputs:
+                if total >= max_tokens:
+                    break
+                kept.append(seq[: max_tokens - total])
+                total += len(kept[-1])
+            outputs = kept
+        drafters.append(CorpusDrafter.from_sequences(outputs, name=f"corpus_{task}"))
+    return drafters
+
+
+@torch.no_grad()
+def position_table(drafter, target, prompt: list[int], answer: list[int], n: int) -> list[tuple[int, int, float]]:
+    """For every position t of `answer`: (drafted, accepted, seconds) of `drafter` proposing after prompt+answer[:t]."""
+    d = drafter.spawn(target)
+    rows = []
+    for t in range(len(answer)):
+        ids = torch.tensor([prompt + answer[:t]])
+        budget = min(n, len(answer) - t - 1)
+        start = time.perf_counter()
+        d.catch_up(ids)
+        tokens, _ = d.draft(ids, budget) if budget > 0 else (ids[:, :0], None)
+        seconds = time.perf_counter() - start
+        proposal = tokens[0].tolist()
+        accepted = 0
+        while accepted < len(proposal) and proposal[accepted] == answer[t + accepted]:
+            accepted += 1
+        rows.append((len(proposal), accepted, seconds))
+    return rows
+
+
+def fixed_rounds(rows: list[tuple[int, int, float]]) -> tuple[int, int]:
+    """(rounds, accepted drafted tokens) of speculative decoding with this drafter alone, from its position rows."""
+    t, rounds, accepted = 0, 0, 0
+    while t < len(rows):
+        _, a, _ = rows[t]
+        rounds += 1
+        accepted += a
+        t += a + 1
+    return rounds, accepted
+
+
+@torch.no_grad()
+def verify_costs(target, prompt: list[int], n: int, repeats: int = 15) -> dict[int, float]:
+    """Median seconds of a target forward over k = 1..n+1 tokens after `prompt` (with a cache), this machine."""
+    from transformers import DynamicCache
+
+    costs = {}
+    for k in range(1, n + 2):
+        samples = []
+        for _ in range(repeats):
+            cache = DynamicCache(config=target.config)
+            target(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True, logits_to_keep=1)
+            extra = torch.tensor([prompt[-k:]])
+            start = time.perf_counter()
+            target(input_ids=extra, cache=cache, use_cache=True, logits_to_keep=k)
+            samples.append(time.perf_counter() - start)
+        costs[k] = statistics.median(samples)
+    return costs
+
+
+def heatmap(matrix: dict[str, dict[str, float]], tasks, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(matrix)
+    values = [[matrix[name].get(task, float("nan")) for task in tasks] for name in names]
+    fig, ax = plt.subplots(figsize=(1.1 * len(tasks) + 3, 0.45 * len(names) + 1.5))
+    image = ax.imshow(values, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(len(tasks)), tasks, rotation=30, ha="right")
+    ax.set_yticks(range(len(names)), names)
+    for i, row in enumerate(values):
+        for j, v in enumerate(row):
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="white" if v < 0.6 * max(map(max, values)) else "black", fontsize=8)
+    fig.colorbar(image, ax=ax, label="accepted tokens per round")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data-dir", type=Path, default=REPO_ROOT.parent / "shared" / "data")
+    p.add_argument("--outputs", type=Path, default=REPO_ROOT / "artifacts" / "task-outputs")
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "artifacts" / "acceptance")
+    p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
+    p.add_argument("--val-prompts", type=int, default=10)
+    p.add_argument("--max-prompt-tokens", type=int, default=768)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--num-assistant-tokens", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--models", nargs="*", default=None, help="embedded-pool drafters to include (default: all)")
+    p.add_argument("--corpus-sizes", nargs="*", type=int, default=[], help="also: corpus size curve (0 = all)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    target, tokenizer = load_default_target(torch.float32)
+    answers = dev_answers(target, tokenizer, args)
+    pool = load_embedded_pool(target)
+    models = [d for d in pool.drafters if d.kind != "prompt_lookup" and (args.models is None or d.name in args.models)]
+    candidates = [*corpus_drafters(args, args.tasks), PromptLookupDrafter(), *models]
+    n = args.num_assistant_tokens
+    table: dict[str, dict[str, list]] = {}
+    for drafter in candidates:
+        table[drafter.name] = {}
+        start = time.perf_counter()
+        for task, pairs in answers.items():
+            table[drafter.name][task] = [position_table(drafter, target, p, y, n) for p, y in pairs]
+        print(f"{drafter.name}: {time.perf_counter() - start:.1f}s", flush=True)
+    matrix = {}
+    for name, by_task in table.items():
+        matrix[name] = {}
+        for task, prompts in by_task.items():
+            rounds = [fixed_rounds(rows) for rows in prompts]
+            matrix[name][task] = sum(a for _, a in rounds) / sum(r for r, _ in rounds)
+    draft_ms = {
+        name: 1000 * statistics.median(s for prompts in by_task.values() for rows in prompts for _, _, s in rows)
+        for name, by_task in table.items()
+    }
+    prompt = answers[args.tasks[0]][0][0]
+    verify = {k: 1000 * v for k, v in verify_costs(target, prompt, n).items()}
+    result = {
+        "matrix": matrix,
+        "draft_ms": draft_ms,
+        "verify_ms": verify,
+        "num_assistant_tokens": n,
+        "max_new_tokens": args.max_new_tokens,
+        "dev_prompts_per_task": args.val_prompts,
+        "corpus_tokens": {
+            d.name: int(d.index.num_tokens) for d in candidates if isinstance(d, CorpusDrafter)
+        },
+    }
+    if args.corpus_sizes:
+        curve: dict[str, dict[str, float]] = {}
+        for size in args.corpus_sizes:
+            for drafter in corpus_drafters(args, args.tasks, size):
+                task = drafter.name.removeprefix("corpus_")
+                rounds = [fixed_rounds(position_table(drafter, target, p, y, n)) for p, y in answers[task]]
+                curve.setdefault(task, {})[str(size or "all")] = sum(a for _, a in rounds) / sum(r for r, _ in rounds)
+            print(f"corpus size {size or 'all'} done", flush=True)
+        result["corpus_size_curve"] = curve
+    torch.save({"table": table, "answers": answers, "verify_ms": verify, "draft_ms": draft_ms}, args.out / "table.pt")
+    (args.out / "matrix.json").write_text(json.dumps(result, indent=2, sort_keys=True))
+    heatmap(matrix, args.tasks, args.out / "acceptance_matrix.png", "Mean accepted tokens per round, dev split")
+    print(json.dumps({k: result[k] for k in ("draft_ms", "verify_ms")}, indent=1))
+    for name, row in matrix.items():
+        print(f"{name:<28}" + " ".join(f"{row[t]:5.2f}" for t in args.tasks))
+    return result
+
+
+if __name__ == "__main__":
+    main()
