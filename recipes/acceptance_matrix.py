@@ -99,11 +99,12 @@ def position_table(drafter, target, prompt: list[int], answer: list[int], n: int
     return rows
 
 
-def fixed_rounds(rows: list[tuple[int, int, float]]) -> tuple[int, int]:
-    """(rounds, accepted drafted tokens) of speculative decoding with this drafter alone, from its position rows."""
+def fixed_rounds(rows: list[tuple[int, int, float]], n: int) -> tuple[int, int]:
+    """(rounds, accepted drafted tokens) of speculative decoding with this drafter alone drafting up to `n` tokens
+    (the recorded proposals are truncated: greedy drafts of n tokens are prefixes of longer ones)."""
     t, rounds, accepted = 0, 0, 0
     while t < len(rows):
-        _, a, _ = rows[t]
+        a = min(rows[t][1], n)
         rounds += 1
         accepted += a
         t += a + 1
@@ -143,7 +144,15 @@ def heatmap(matrix: dict[str, dict[str, float]], tasks, path: Path, title: str) 
     ax.set_yticks(range(len(names)), names)
     for i, row in enumerate(values):
         for j, v in enumerate(row):
-            ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="white" if v < 0.6 * max(map(max, values)) else "black", fontsize=8)
+            ax.text(
+                j,
+                i,
+                f"{v:.2f}",
+                ha="center",
+                va="center",
+                color="white" if v < 0.6 * max(map(max, values)) else "black",
+                fontsize=8,
+            )
     fig.colorbar(image, ax=ax, label="accepted tokens per round")
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
@@ -160,7 +169,8 @@ def parse_args(argv=None):
     p.add_argument("--val-prompts", type=int, default=10)
     p.add_argument("--max-prompt-tokens", type=int, default=768)
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--num-assistant-tokens", type=int, default=3)
+    p.add_argument("--num-assistant-tokens", type=int, default=3, help="draft length of the matrix")
+    p.add_argument("--record-tokens", type=int, default=6, help="proposal length recorded per position")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--models", nargs="*", default=None, help="embedded-pool drafters to include (default: all)")
@@ -177,47 +187,57 @@ def main(argv=None) -> dict:
     pool = load_embedded_pool(target)
     models = [d for d in pool.drafters if d.kind != "prompt_lookup" and (args.models is None or d.name in args.models)]
     candidates = [*corpus_drafters(args, args.tasks), PromptLookupDrafter(), *models]
-    n = args.num_assistant_tokens
+    n, record = args.num_assistant_tokens, args.record_tokens
     table: dict[str, dict[str, list]] = {}
     for drafter in candidates:
         table[drafter.name] = {}
         start = time.perf_counter()
         for task, pairs in answers.items():
-            table[drafter.name][task] = [position_table(drafter, target, p, y, n) for p, y in pairs]
+            table[drafter.name][task] = [position_table(drafter, target, p, y, record) for p, y in pairs]
         print(f"{drafter.name}: {time.perf_counter() - start:.1f}s", flush=True)
     matrix = {}
     for name, by_task in table.items():
         matrix[name] = {}
         for task, prompts in by_task.items():
-            rounds = [fixed_rounds(rows) for rows in prompts]
+            rounds = [fixed_rounds(rows, n) for rows in prompts]
             matrix[name][task] = sum(a for _, a in rounds) / sum(r for r, _ in rounds)
     draft_ms = {
         name: 1000 * statistics.median(s for prompts in by_task.values() for rows in prompts for _, _, s in rows)
         for name, by_task in table.items()
     }
     prompt = answers[args.tasks[0]][0][0]
-    verify = {k: 1000 * v for k, v in verify_costs(target, prompt, n).items()}
+    verify = {k: 1000 * v for k, v in verify_costs(target, prompt, record).items()}
     result = {
         "matrix": matrix,
         "draft_ms": draft_ms,
         "verify_ms": verify,
         "num_assistant_tokens": n,
+        "record_tokens": record,
         "max_new_tokens": args.max_new_tokens,
         "dev_prompts_per_task": args.val_prompts,
-        "corpus_tokens": {
-            d.name: int(d.index.num_tokens) for d in candidates if isinstance(d, CorpusDrafter)
-        },
+        "corpus_tokens": {d.name: int(d.index.num_tokens) for d in candidates if isinstance(d, CorpusDrafter)},
     }
     if args.corpus_sizes:
         curve: dict[str, dict[str, float]] = {}
         for size in args.corpus_sizes:
             for drafter in corpus_drafters(args, args.tasks, size):
                 task = drafter.name.removeprefix("corpus_")
-                rounds = [fixed_rounds(position_table(drafter, target, p, y, n)) for p, y in answers[task]]
+                rounds = [fixed_rounds(position_table(drafter, target, p, y, n), n) for p, y in answers[task]]
                 curve.setdefault(task, {})[str(size or "all")] = sum(a for _, a in rounds) / sum(r for r, _ in rounds)
             print(f"corpus size {size or 'all'} done", flush=True)
         result["corpus_size_curve"] = curve
-    torch.save({"table": table, "answers": answers, "verify_ms": verify, "draft_ms": draft_ms}, args.out / "table.pt")
+    models = {d.name: d.kind not in ("prompt_lookup", "corpus") for d in candidates}
+    torch.save(
+        {
+            "table": table,
+            "answers": answers,
+            "verify_ms": verify,
+            "draft_ms": draft_ms,
+            "model": models,
+            "record_tokens": record,
+        },
+        args.out / "table.pt",
+    )
     (args.out / "matrix.json").write_text(json.dumps(result, indent=2, sort_keys=True))
     heatmap(matrix, args.tasks, args.out / "acceptance_matrix.png", "Mean accepted tokens per round, dev split")
     print(json.dumps({k: result[k] for k in ("draft_ms", "verify_ms")}, indent=1))

@@ -17,9 +17,9 @@ import time
 import torch
 
 import hf_metasd
+from hf_metasd.benchmark.offline import chat_prompt, load_default_target, load_qwen_coder
 from hf_metasd.benchmark.offline import load_embedded_pool as default_pool
 from hf_metasd.drafters import ModelDrafter
-from hf_metasd.benchmark.offline import chat_prompt, load_default_target, load_qwen_coder
 
 PROMPT = "Write a Python function that checks whether a string is a palindrome."
 

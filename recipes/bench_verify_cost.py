@@ -17,8 +17,8 @@ import time
 import torch
 from transformers import DynamicCache
 
-from hf_metasd.kernels import skinny_linear
 from hf_metasd.benchmark.offline import load_default_target
+from hf_metasd.kernels import skinny_linear
 
 
 def forward_ms(model, prompt: torch.Tensor, num_tokens: int, reps: int) -> float:

@@ -26,10 +26,9 @@ from pathlib import Path
 import torch
 
 import hf_metasd
-from hf_metasd.benchmark.offline import embedded_pool_path
-from hf_metasd.benchmark.offline import chat_prompt, load_default_target
-from hf_metasd.pool import DrafterPool, DrafterPoolConfig, DrafterSpec
+from hf_metasd.benchmark.offline import chat_prompt, embedded_pool_path, load_default_target
 from hf_metasd.benchmark.prompts import BENCH_TASKS, load_bench_prompts
+from hf_metasd.pool import DrafterPool, DrafterPoolConfig, DrafterSpec
 
 
 def folder_size_mb(folder: Path) -> float:

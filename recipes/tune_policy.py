@@ -24,9 +24,9 @@ import torch
 from train_drafters import shuffled_prompts  # recipes/ is on sys.path when this script runs
 
 from hf_metasd.bench import Method, _machine, build_methods, run_bench, summarize
-from hf_metasd.cli import default_pool
 from hf_metasd.benchmark.offline import load_default_target
 from hf_metasd.benchmark.prompts import BENCH_TASKS, BenchPrompt, mixed_stream
+from hf_metasd.cli import default_pool
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

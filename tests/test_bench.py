@@ -8,8 +8,8 @@ import pytest
 from conftest import prompts as random_prompts
 
 from hf_metasd.benchmark.methods import build_methods
-from hf_metasd.benchmark.report import summarize, write_report
 from hf_metasd.benchmark.prompts import BenchPrompt
+from hf_metasd.benchmark.report import summarize, write_report
 from hf_metasd.benchmark.run import BenchRecord, run_bench
 from hf_metasd.drafters import ModelDrafter
 

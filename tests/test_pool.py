@@ -16,10 +16,11 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 import hf_metasd
-import hf_metasd.pool as pool_module
+import hf_metasd.pool.pool as pool_module
 from hf_metasd.drafters import Drafter, EarlyExitDrafter, LoraDrafter, ModelDrafter, PromptLookupDrafter
 from hf_metasd.errors import DrafterCompatibilityError, InvalidPoolError
 from hf_metasd.pool import FORMAT_VERSION, DrafterPool, DrafterPoolConfig, DrafterSpec
+from hf_metasd.pool import weights as weights_module
 
 MAX_NEW = 16
 PROMPTS = prompts(3, seed=7)
@@ -35,6 +36,7 @@ def _no_network(monkeypatch):
         raise AssertionError("a test tried to reach the Hugging Face Hub")
 
     monkeypatch.setattr(pool_module, "snapshot_download", refuse)
+    monkeypatch.setattr(weights_module, "snapshot_download", refuse)
     monkeypatch.setattr(pool_module, "HfApi", refuse)
 
 
@@ -157,7 +159,7 @@ def test_a_trained_drafter_folder_becomes_a_pool(target, tmp_path):
     base = peft_model.get_base_model()
     (tmp_path / "base").mkdir()
     base.config.save_pretrained(tmp_path / "base")
-    state = pool_module._base_state_dict(base, drop_embeddings=True)  # what the trainer saves
+    state = weights_module.base_state_dict(base, drop_embeddings=True)  # what the trainer saves
     save_file(state, tmp_path / "base/model.safetensors", metadata={"format": "pt"})
     (tmp_path / "head_token_ids.json").write_text(json.dumps(arms[0].head_token_ids.tolist()))
     for task in TASKS:
@@ -219,7 +221,7 @@ def test_config_json_is_sorted_and_versioned(pool):
     text = config.to_json_string()
     data = json.loads(text)
     assert list(data) == sorted(data)
-    assert data["format_version"] == FORMAT_VERSION and data["hf_metasd_version"] == pool_module.__version__
+    assert data["format_version"] == FORMAT_VERSION and data["hf_metasd_version"] == hf_metasd.__version__
     assert [d["kind"] for d in data["drafters"]] == ["lora", "prompt_lookup", "early_exit", "assistant_model"]
     assert data["drafters"][0]["adapters"] == list(TASKS)
     assert data["drafters"][2]["params"] == {"num_layers": 1, "head_token_ids": None}
@@ -499,7 +501,7 @@ def test_bfloat16_drafters_for_a_float32_target(target, tmp_path):
     base = peft_model.get_base_model()
     (tmp_path / "base").mkdir()
     base.config.save_pretrained(tmp_path / "base")
-    save_file(pool_module._base_state_dict(base, drop_embeddings=True), tmp_path / "base/model.safetensors")
+    save_file(weights_module.base_state_dict(base, drop_embeddings=True), tmp_path / "base/model.safetensors")
     for task in TASKS:
         peft_model.save_pretrained(tmp_path / "adapters", selected_adapters=[task])
     params = {"base": "base", "adapters_dir": "adapters", "share_target_embeddings": True, "dtype": "bfloat16"}

@@ -9,9 +9,8 @@ import pytest
 import torch
 
 import hf_metasd
-from hf_metasd.benchmark.offline import embedded_pool_path
+from hf_metasd.benchmark.offline import chat_prompt, embedded_pool_path, load_default_target
 from hf_metasd.benchmark.offline import load_embedded_pool as default_pool
-from hf_metasd.benchmark.offline import chat_prompt, load_default_target
 from hf_metasd.benchmark.prompts import load_bench_prompts
 
 pytestmark = pytest.mark.slow

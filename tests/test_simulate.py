@@ -8,8 +8,6 @@ import math
 import numpy as np
 import pytest
 
-from hf_metasd.policies import Policy, register_policy
-from hf_metasd.policies.registry import POLICY_REGISTRY
 from hf_metasd.benchmark.simulate import (
     Scenario,
     load_trace,
@@ -20,6 +18,8 @@ from hf_metasd.benchmark.simulate import (
     simulate_trace,
     stopping_time_regret,
 )
+from hf_metasd.policies import Policy, register_policy
+from hf_metasd.policies.registry import POLICY_REGISTRY
 
 THREE = Scenario.stationary([0.8, 0.5, 0.3], draft_length=5)
 NOISY = Scenario.stationary([0.8, 0.5, 0.3], draft_length=5, concentration=20)

@@ -14,10 +14,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_metasd.benchmark.methods import build_methods
+from hf_metasd.benchmark.prompts import BenchPrompt
 from hf_metasd.benchmark.report import write_report
 from hf_metasd.benchmark.run import run_bench
 from hf_metasd.drafters import ModelDrafter, PromptLookupDrafter
-from hf_metasd.benchmark.prompts import BenchPrompt
 
 torch.set_num_threads(1)
 

@@ -10,8 +10,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_metasd
-from hf_metasd.policies import POLICY_REGISTRY, Policy, get_policy, register_policy
 from hf_metasd.benchmark.simulate import Scenario, simulate, stopping_time_regret
+from hf_metasd.policies import POLICY_REGISTRY, Policy, get_policy, register_policy
 
 torch.set_num_threads(1)
 

@@ -68,6 +68,7 @@ def summarize(records: list[BenchRecord], drafter_names: Sequence[str]) -> dict[
     if fixed and "oracle" not in by_method:  # per task, the single drafter that was fastest on it in hindsight
         oracle = []
         for task in dict.fromkeys(r.task for r in records):
+
             def seconds(method: str, task: str = task) -> float:
                 return sum(r.seconds for r in by_method[method] if r.task == task)
 

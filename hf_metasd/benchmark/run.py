@@ -275,6 +275,8 @@ def run_benchmark(
     print_fn(f"wrote {out}/results.json, results.md, {', '.join(report['plots'])}")
     bad = [r for r in records if not r.identical]
     if bad:
-        print_fn(f"ERROR: {len(bad)} outputs differ from autoregressive greedy: {[(r.method, r.prompt_id) for r in bad]}")
+        print_fn(
+            f"ERROR: {len(bad)} outputs differ from autoregressive greedy: {[(r.method, r.prompt_id) for r in bad]}"
+        )
         return 1
     return 0

@@ -1,4 +1,8 @@
-"""Drafter kinds: one module per kind, one `Drafter` protocol, one registry of kinds."""
+"""Drafter kinds: one module per kind, one `Drafter` protocol, one registry of kinds.
+
+Each kind owns its pool round trip (`Drafter.to_spec` / `Drafter.from_spec` / `Drafter.validate_spec`), so a new kind
+is registered with one call (`register_drafter_kind`) and the pool code never names it.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import MetaSDConfigError
-from .base import Drafter, is_peft_model, target_vocab_size
+from .base import Drafter, is_peft_model, target_vocab_size, tokenizer_fingerprint
 from .model import ModelDrafter
 
 __all__ = [
@@ -23,6 +27,7 @@ __all__ = [
     "prompt_lookup_candidates",
     "register_drafter_kind",
     "target_vocab_size",
+    "tokenizer_fingerprint",
     "unique_names",
 ]
 
@@ -47,15 +52,20 @@ from .lora import LoraDrafter  # noqa: E402
 from .prompt_lookup import PromptLookupDrafter, prompt_lookup_candidates  # noqa: E402
 
 
-def unique_names(drafters: Sequence[Drafter]) -> list[str]:
+def unique_names(drafters: Sequence[Drafter | str]) -> list[str]:
     """Drafter names for telemetry, with ``#k`` appended to repeated names (the drafters are not modified).
+
+    The arm names a call knows its drafters by (``meta_priors`` keys, `MetaSDStats.drafter_names`). Names may be
+    given instead of drafters.
 
     Example:
         >>> from hf_metasd.drafters import PromptLookupDrafter
         >>> unique_names([PromptLookupDrafter(), PromptLookupDrafter(name="pl"), PromptLookupDrafter()])
         ['prompt_lookup#0', 'pl', 'prompt_lookup#1']
+        >>> unique_names(["a", "b"])
+        ['a', 'b']
     """
-    names = [d.name for d in drafters]
+    names = [d if isinstance(d, str) else d.name for d in drafters]
     seen: dict[str, int] = {}
     out = []
     for name in names:

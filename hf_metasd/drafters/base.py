@@ -19,17 +19,31 @@ shared drafter with the finished sequence (a corpus drafter that grows online us
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ..errors import DrafterCompatibilityError
+from ..errors import DrafterCompatibilityError, InvalidPoolError, MetaSDConfigError
 
-__all__ = ["Drafter", "eval_mode", "is_peft_model", "require_peft", "shared_scope", "target_vocab_size"]
+if TYPE_CHECKING:  # the pool imports the drafters; the drafters only meet the pool's types at save / load time
+    from ..pool.config import DrafterSpec
+    from ..pool.weights import LoadContext, SaveContext
+
+__all__ = [
+    "Drafter",
+    "eval_mode",
+    "is_peft_model",
+    "require_peft",
+    "shared_scope",
+    "target_vocab_size",
+    "tokenizer_fingerprint",
+]
 
 _SCOPES: dict[Hashable, list[Any]] = {}
 _SCOPES_LOCK = threading.Lock()
@@ -112,18 +126,58 @@ def target_vocab_size(model: Any) -> int:
     return int(config.vocab_size)
 
 
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A fingerprint of a tokenizer's vocabulary: the sha256 of its sorted ``(token, id)`` items.
+
+    Two tokenizers with the same vocabulary *size* but other tokens (or ids) get different fingerprints, which a
+    vocabulary-size check cannot tell apart. Anything with transformers' ``get_vocab()`` works.
+
+    Example:
+        >>> from tokenizers import Tokenizer, models
+        >>> from transformers import PreTrainedTokenizerFast
+        >>> def tiny(words):
+        ...     vocab = {w: i for i, w in enumerate(["<unk>", *words])}
+        ...     return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")))
+        >>> a, b = tokenizer_fingerprint(tiny(["yes", "no"])), tokenizer_fingerprint(tiny(["no", "yes"]))
+        >>> len(a), a == tokenizer_fingerprint(tiny(["yes", "no"])), a == b   # same size, other ids: differ
+        (64, True, False)
+    """
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    if not callable(get_vocab):
+        raise TypeError(
+            f"`tokenizer` must be a tokenizer with `get_vocab()`, but is {type(tokenizer).__name__}. Pass e.g. "
+            "`AutoTokenizer.from_pretrained(target_id)`."
+        )
+    items = sorted((str(token), int(index)) for token, index in get_vocab().items())
+    payload = json.dumps(items, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
 class Drafter(ABC):
     """One drafter. Subclasses set `kind` and implement `catch_up`, `draft` and `reset`.
+
+    **Pool round trip.** Each kind owns how it is written to and rebuilt from a pool's `config.json` entry (a
+    `hf_metasd.pool.DrafterSpec`), so that the pool never names a kind: `spec_group` (which neighbours share one
+    entry), `to_spec` (drafters -> entry, scheduling any weight files on the `SaveContext`), `from_spec` (entry ->
+    drafters, reading through the `LoadContext`), `validate_spec` (kind-specific checks of an entry, nothing read) and
+    `arm_names` (the names of an entry's arms). The defaults fit a model-free drafter whose `config()` is its
+    constructor's keyword arguments.
 
     Attributes:
         name: label used in telemetry, plots and pool configs.
         last_catch_up_tokens: tokens ingested by the last `catch_up` (0 for model-free drafters).
+        source: where a pool loaded this drafter from (set by `from_spec`: ``stored``, ``path``, ``revision`` and
+            kind-specific keys), ``None`` for a drafter built in memory. Saving the pool again keeps a loaded drafter
+            as it came (a reference stays a reference, stored weights stay stored).
     """
 
     #: Registry key of the drafter kind (`"assistant_model"`, `"prompt_lookup"`, ...).
     kind: ClassVar[str] = ""
     #: Whether `draft` returns logits (``False``: deterministic drafter, BD treats it as one-hot).
     returns_logits: ClassVar[bool] = True
+
+    #: Where a pool loaded the drafter from; ``None`` for a drafter built in memory (see the class docstring).
+    source: dict[str, Any] | None = None
 
     def __init__(self, name: str | None = None) -> None:
         self.name = name or self.kind
@@ -199,6 +253,76 @@ class Drafter(ABC):
     def config(self) -> dict[str, Any]:
         """Kind parameters saved in a pool's `config.json`."""
         return {}
+
+    # ------------------------------------------------------------------ pool config round trip
+    def spec_group(self) -> Hashable | None:
+        """Key of the pool entry this drafter shares with its neighbours, or ``None`` (default) for an entry of its own.
+
+        Drafters of the same class with the same non-``None`` key that stand next to each other in the pool are
+        saved as **one** entry (e.g. the LoRA arms of one peft model); `to_spec` then receives them all.
+        """
+        return None
+
+    @classmethod
+    def to_spec(cls, group: list[Drafter], ctx: SaveContext) -> DrafterSpec:
+        """The `config.json` entry of `group` (one drafter, or the neighbours `spec_group` joined).
+
+        Weight files are not written here: schedule them on `ctx` (``ctx.schedule(write)``), which runs them only once
+        the whole pool is planned and valid. The default saves ``config()`` as `params` (checked to be JSON).
+        """
+        from ..pool.config import DrafterSpec
+
+        if len(group) != 1:
+            raise TypeError(
+                f"`{cls.__name__}.to_spec` saves one drafter per entry, but got {len(group)} that `spec_group` joined. "
+                f"Override `{cls.__name__}.to_spec` (and `from_spec`) to save them as one entry, or return None from "
+                "`spec_group`."
+            )
+        (drafter,) = group
+        return DrafterSpec(kind=cls.kind, name=drafter.name, params=ctx.json_params(drafter, drafter.config()))
+
+    @classmethod
+    def from_spec(cls, spec: DrafterSpec, ctx: LoadContext) -> list[Drafter]:
+        """The drafter(s) of one `config.json` entry, built for ``ctx.target`` (files read through `ctx`).
+
+        The default is ``cls(name=spec.name, **spec.params)``; parameters the constructor refuses raise
+        `InvalidPoolError` naming the entry.
+
+        Example:
+            >>> from hf_metasd.drafters import PromptLookupDrafter
+            >>> from hf_metasd.pool import DrafterSpec
+            >>> from hf_metasd.pool.weights import LoadContext
+            >>> spec = DrafterSpec("prompt_lookup", "pl", params={"max_matching_ngram_size": 3})
+            >>> [drafter] = PromptLookupDrafter.from_spec(spec, LoadContext(specs=[spec]))
+            >>> drafter.name, drafter.max_matching_ngram_size, drafter.source["stored"]
+            ('pl', 3, False)
+        """
+        try:
+            drafter = cls(name=spec.name, **spec.params)
+        except (MetaSDConfigError, InvalidPoolError):
+            raise
+        except (TypeError, ValueError) as err:
+            raise ctx.bad_params(spec, cls, err) from err
+        drafter.source = ctx.source(spec)
+        return [drafter]
+
+    @classmethod
+    def validate_spec(cls, spec: DrafterSpec, where: str) -> None:
+        """Raise `InvalidPoolError` if `spec` cannot describe a drafter of this kind (nothing is read).
+
+        Called by `DrafterPoolConfig.validate` after the checks every entry gets (registered kind, `path` and
+        ``params.head_token_ids`` inside the pool). The default refuses `adapters`.
+        """
+        if spec.adapters is not None:
+            raise InvalidPoolError(
+                f"{where} must not have `adapters` (only `lora` drafters do), but has {spec.adapters!r}. "
+                'Drop `adapters`, or use kind "lora".'
+            )
+
+    @classmethod
+    def arm_names(cls, spec: DrafterSpec) -> list[str]:
+        """The names of the arms `from_spec` builds from `spec` (default: one arm, ``spec.name``)."""
+        return [spec.name]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"

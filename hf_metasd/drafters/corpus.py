@@ -38,16 +38,20 @@ import warnings
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from .._validation import check_int, check_real
-from ..errors import DrafterCompatibilityError
+from ..errors import DrafterCompatibilityError, InvalidPoolError
 from . import register_drafter_kind
 from .base import Drafter, target_vocab_size
 from .prompt_lookup import logits_processor_filter
+
+if TYPE_CHECKING:
+    from ..pool.config import DrafterSpec
+    from ..pool.weights import LoadContext, SaveContext
 
 __all__ = ["CorpusDrafter", "CorpusIndex", "build_suffix_array"]
 
@@ -382,7 +386,8 @@ class CorpusDrafter(Drafter):
     Semantics (match, vote, abstention, online growth) are in the module docstring. It has no logits
     (``returns_logits = False``: BD scores it as one-hot, sampling falls back to token matching, both lossless) and no
     catch-up cost. A `draft` call costs a few binary searches over the suffix array: tens of microseconds on a
-    million-token corpus, far below a target step. Build it with `from_sequences` or `from_folder`.
+    million-token corpus, far below a target step. Build it with `from_sequences` or `from_folder`. A pool always
+    stores the corpus inside its folder (``corpus/<name>/corpus.safetensors``), whatever `store_weights` says.
 
     Args:
         index: the static `CorpusIndex` (shared, read-only).
@@ -486,6 +491,10 @@ class CorpusDrafter(Drafter):
         """Load a drafter saved by `save_corpus`; `settings` are the constructor's (`vocab_size` defaults to the saved
         one).
 
+        Raises:
+            FileNotFoundError: `folder` holds no ``corpus.safetensors``.
+            ValueError: the file is truncated, corrupt, or not a corpus of this format.
+
         Example:
             >>> import tempfile
             >>> drafter = CorpusDrafter.from_sequences([[1, 2, 3, 4]], vocab_size=8)
@@ -495,6 +504,14 @@ class CorpusDrafter(Drafter):
             >>> loaded.index.documents(), loaded.vocab_size, loaded.name
             ([[1, 2, 3, 4]], 8, 'c')
         """
+        index, saved_vocab_size = cls._read_corpus(folder)
+        if saved_vocab_size is not None and "vocab_size" not in settings:
+            settings["vocab_size"] = saved_vocab_size
+        return cls(index, name=name, **settings)
+
+    @classmethod
+    def _read_corpus(cls, folder: str | Path) -> tuple[CorpusIndex, int | None]:
+        """The index stored in ``folder/corpus.safetensors`` and the saved `vocab_size` (checked, see `from_folder`)."""
         from safetensors import SafetensorError, safe_open
 
         path = Path(folder) / CORPUS_FILE
@@ -513,14 +530,57 @@ class CorpusDrafter(Drafter):
                 f"{str(path)!r} must be a readable safetensors file, but reading it failed ({err}). {fix}"
             ) from err
         cls._check_arrays(path, metadata, arrays, fix)
-        if "vocab_size" in metadata and "vocab_size" not in settings:
-            settings["vocab_size"] = int(metadata["vocab_size"])
         index = CorpusIndex(arrays["tokens"], arrays["offsets"], arrays["suffix_array"])
         if not index.spot_check():
             raise ValueError(
                 f"{str(path)!r} must be a corpus written by `save_corpus`, but its `suffix_array` is not sorted. {fix}"
             )
-        return cls(index, name=name, **settings)
+        return index, int(metadata["vocab_size"]) if "vocab_size" in metadata else None
+
+    # ------------------------------------------------------------------ pool config round trip
+    @classmethod
+    def to_spec(cls, group: list[Drafter], ctx: SaveContext) -> DrafterSpec:
+        """The settings as `params`; the corpus is **always** stored in the pool, at ``corpus/<name>/`` (a corpus has
+        no source to reference). The online store is not saved."""
+        from ..pool.config import DrafterSpec
+
+        (drafter,) = group
+        folder = ctx.folder("corpus", drafter.name)
+        ctx.schedule(lambda root: drafter.save_corpus(root / folder))
+        params = ctx.json_params(drafter, drafter.config())
+        return DrafterSpec(cls.kind, drafter.name, path=folder, stored=True, params=params)
+
+    @classmethod
+    def from_spec(cls, spec: DrafterSpec, ctx: LoadContext) -> list[Drafter]:
+        """The corpus of ``<pool>/<path>/corpus.safetensors`` with the entry's settings (`from_folder`)."""
+        where = ctx.where(spec)
+        folder = Path(ctx.resolve(spec, where, need_folder=True))
+        try:
+            index, saved_vocab_size = cls._read_corpus(folder)
+        except (FileNotFoundError, ValueError) as err:
+            raise InvalidPoolError(
+                f"{where} must find a readable corpus at {str(folder / CORPUS_FILE)!r}, but it cannot be read: {err} "
+                "Restore the file, or re-save the pool from a working copy of the drafter."
+            ) from err
+        settings = dict(spec.params)
+        if saved_vocab_size is not None and "vocab_size" not in settings:
+            settings["vocab_size"] = saved_vocab_size
+        try:
+            drafter = cls(index, name=spec.name, **settings)
+        except (TypeError, ValueError) as err:
+            raise ctx.bad_params(spec, cls, err) from err
+        drafter.source = ctx.source(spec)
+        return [drafter]
+
+    @classmethod
+    def validate_spec(cls, spec: DrafterSpec, where: str) -> None:
+        """A corpus entry is stored in the pool (``stored: true`` and a `path`), without `adapters`."""
+        if not spec.stored or not spec.path:
+            raise InvalidPoolError(
+                f'{where} must be stored in the pool (`stored: true` and a `path` such as "corpus/{spec.name}"), but '
+                f"has stored={spec.stored!r}, path={spec.path!r}. Re-save the pool with `DrafterPool.save_pretrained`."
+            )
+        super().validate_spec(spec, where)
 
     @staticmethod
     def _check_arrays(path: Path, metadata: dict[str, str], arrays: dict[str, np.ndarray], fix: str) -> None:

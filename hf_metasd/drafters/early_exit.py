@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from ..errors import DrafterCompatibilityError
+from ..errors import DrafterCompatibilityError, InvalidPoolError, MetaSDConfigError
 from . import register_drafter_kind
-from .base import require_peft
+from .base import Drafter, require_peft
 from .model import ModelDrafter
+
+if TYPE_CHECKING:
+    from ..pool.config import DrafterSpec
+    from ..pool.weights import LoadContext, SaveContext
 
 __all__ = ["EarlyExitDrafter", "early_exit_model"]
 
@@ -157,6 +161,57 @@ class EarlyExitDrafter(ModelDrafter):
 
     def config(self) -> dict[str, Any]:
         return {"num_layers": self.num_layers, **super().config()}
+
+    # ------------------------------------------------------------------ pool config round trip
+    @classmethod
+    def to_spec(cls, group: list[Drafter], ctx: SaveContext) -> DrafterSpec:
+        """``num_layers`` and the head (the target's layers are not saved); an adapter by reference, or stored in
+        ``early_exit/<name>/``."""
+        from ..pool.config import DrafterSpec
+
+        (drafter,) = group
+        folder = ctx.folder("early_exit", drafter.name)
+        path, revision, store = None, None, False
+        if drafter.peft_model is not None:
+            store, path, revision = ctx.reference(drafter, ctx.where(drafter), drafter.adapter)
+            revision = revision or drafter.adapter_revision
+            if store:
+                ctx.save_adapter(drafter.peft_model, drafter.peft_model.active_adapter, folder)
+                path = folder
+        params = {"num_layers": drafter.num_layers, "head_token_ids": ctx.head(drafter, folder)}
+        return DrafterSpec(cls.kind, drafter.name, path, revision, store, None, params)
+
+    @classmethod
+    def from_spec(cls, spec: DrafterSpec, ctx: LoadContext) -> list[Drafter]:
+        """The first ``num_layers`` layers of ``ctx.target``, with the entry's adapter (if any) and head."""
+        from ..pool.weights import ADAPTER_WEIGHTS_NAME
+
+        where = ctx.where(spec)
+        head_ids = ctx.head_ids(spec, where)
+        params = {k: v for k, v in spec.params.items() if k not in ("head_token_ids", "share_target_embeddings")}
+        adapter = None if not spec.path else ctx.resolve(spec, where, need_folder=False)
+        try:
+            with ctx.reading(where, os.path.join(adapter or "", ADAPTER_WEIGHTS_NAME)):
+                drafter = cls(
+                    ctx.target,
+                    name=spec.name,
+                    adapter=adapter,
+                    revision=None if spec.stored else spec.revision,
+                    token=ctx.hub.get("token"),
+                    head_token_ids=head_ids,
+                    **params,
+                )
+        except (MetaSDConfigError, InvalidPoolError):
+            raise
+        except (TypeError, ValueError) as err:
+            raise ctx.bad_params(spec, cls, err) from err
+        drafter.source = ctx.source(spec)
+        return [drafter]
+
+    @classmethod
+    def validate_spec(cls, spec: DrafterSpec, where: str) -> None:
+        """An early-exit entry needs no `path` (only an adapter has one); like every kind but LoRA, no `adapters`."""
+        super(ModelDrafter, cls).validate_spec(spec, where)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, num_layers={self.num_layers})"

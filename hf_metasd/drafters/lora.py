@@ -14,16 +14,21 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from contextlib import AbstractContextManager, ExitStack
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..errors import DrafterCompatibilityError
+from ..errors import DrafterCompatibilityError, InvalidPoolError
 from . import register_drafter_kind
-from .base import eval_mode, is_peft_model, require_peft, shared_scope
+from .base import Drafter, eval_mode, is_peft_model, require_peft, shared_scope
 from .model import ModelDrafter
+
+if TYPE_CHECKING:
+    from ..pool.config import DrafterSpec
+    from ..pool.weights import LoadContext, SaveContext
 
 __all__ = ["LoraDrafter", "load_adapters"]
 
@@ -57,7 +62,10 @@ class LoraDrafter(ModelDrafter):
         peft_model: the shared peft model.
         adapter_name: this arm's adapter.
         source: where the pool loader found the base and adapter (``None`` for drafters built in memory); used by
-            `DrafterPool.save_pretrained` to save the drafter as a reference.
+            `DrafterPool.save_pretrained` to save the drafter as it came.
+
+    In a pool, neighbouring arms of one peft model are saved as **one** entry (`spec_group`): the base once, one
+    adapter folder per arm.
 
     Example:
         >>> import torch
@@ -189,6 +197,115 @@ class LoraDrafter(ModelDrafter):
 
     def config(self) -> dict[str, Any]:
         return {"adapter_name": self.adapter_name, **super().config()}
+
+    # ------------------------------------------------------------------ pool config round trip
+    def spec_group(self) -> Hashable | None:
+        """Arms of the same peft model (standing next to each other in the pool) make one entry."""
+        return ("peft_model", id(self.peft_model))
+
+    @classmethod
+    def to_spec(cls, group: list[Drafter], ctx: SaveContext) -> DrafterSpec:
+        """One entry for the arms of one peft model: the base and the adapters by reference (as loaded), or stored
+        as ``lora/<name>/base/`` (once per peft model, however many entries use it) and
+        ``lora/<name>/adapters/<adapter>/``. The arms' restricted head is the first arm's.
+
+        `adapters` lists the arms' adapters in order. Params: ``base`` (subfolder of `path` holding the base model,
+        ``""`` for `path` itself), ``adapters_dir`` (subfolder of `path` holding one folder per adapter),
+        ``share_target_embeddings``, ``head_token_ids`` and ``dtype``.
+        """
+        from ..pool.config import DrafterSpec
+
+        first = group[0]
+        where = ctx.where(first)
+        peft_model = first.peft_model
+        base = peft_model.get_base_model()
+        source = first.source or {}
+        store, path, revision = ctx.reference(first, where, None)
+        adapters = [d.adapter_name for d in group]
+        name = source.get("entry_name") or Path(getattr(base, "name_or_path", "") or "").name or adapters[0]
+        share = store and ctx.shares_target_embeddings(base, first)
+        params: dict[str, Any] = {
+            "base": source.get("base", "base"),
+            "adapters_dir": source.get("adapters_dir", "adapters"),
+            "share_target_embeddings": source.get("share_target_embeddings", False) if not store else share,
+        }
+        if store:
+            params["base"], params["adapters_dir"] = "base", "adapters"
+            key = ("lora_base", id(peft_model))
+            folder = ctx.shared.get(key)
+            if folder is None:
+                folder = ctx.shared[key] = ctx.folder("lora", name)
+                ctx.save_model(base, f"{folder}/base", drop_embeddings=share)
+            for adapter in adapters:
+                ctx.save_adapter(peft_model, adapter, f"{folder}/adapters/{adapter}")
+            path = folder
+        else:
+            folder = ctx.folder("lora", name)
+        params["head_token_ids"] = ctx.head(first, folder)
+        params["dtype"] = str(base.dtype).removeprefix("torch.")
+        return DrafterSpec(cls.kind, name, path, revision, store, adapters, params)
+
+    @classmethod
+    def from_spec(cls, spec: DrafterSpec, ctx: LoadContext) -> list[Drafter]:
+        """One arm per adapter of the entry, on one base: entries on the same base folder share the loaded base."""
+        from ..pool.weights import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
+
+        where = ctx.where(spec)
+        head_ids = ctx.head_ids(spec, where)
+        share = bool(spec.params.get("share_target_embeddings", False))
+        dtype = ctx.dtype(spec, where)
+        folder = Path(ctx.resolve(spec, where, need_folder=True))
+        base_dir = spec.params.get("base", "base") or ""
+        adapters_dir = spec.params.get("adapters_dir", "adapters")
+        paths = {a: folder / adapters_dir / a for a in spec.adapters}
+        missing = [a for a, p in paths.items() if not (p / ADAPTER_CONFIG_NAME).is_file()]
+        if missing:
+            raise InvalidPoolError(
+                f"{where} must find adapter {missing[0]!r} at {str(paths[missing[0]])!r}, but it is missing. Restore "
+                f"the adapter folder, or remove {missing[0]!r} from `adapters` in config.json."
+            )
+        key = ("lora_base", str(folder.resolve()), base_dir)
+        peft_model = ctx.bases.get(key)
+        if peft_model is None:
+            base = ctx.load_model(spec, where, folder=folder / base_dir, share=share, dtype=dtype)
+        for adapter, path in paths.items():
+            with ctx.reading(where, path / ADAPTER_WEIGHTS_NAME):
+                if peft_model is None:
+                    peft_model = ctx.bases[key] = load_adapters(base, {adapter: path})
+                elif adapter not in peft_model.peft_config:
+                    peft_model.load_adapter(str(path), adapter_name=adapter, is_trainable=False)
+        arms = cls.from_peft_model(peft_model, adapter_names=spec.adapters, head_token_ids=head_ids)
+        for arm in arms:
+            arm.source = ctx.source(
+                spec, share_target_embeddings=share, base=base_dir, adapters_dir=adapters_dir, entry_name=spec.name
+            )
+        return arms
+
+    @classmethod
+    def validate_spec(cls, spec: DrafterSpec, where: str) -> None:
+        """A `path`, `params.base` / `params.adapters_dir` / adapter names inside the pool, a non-empty `adapters`."""
+        from ..pool.config import check_inside
+
+        if not spec.path:
+            raise InvalidPoolError(
+                f"{where} must have a `path` (a Hub repo id, a folder, or a folder inside the pool), but has none. "
+                "Set `path`, or save the pool with `store_weights=True`."
+            )
+        check_inside(spec.params.get("base"), f"{where} `params.base`")
+        check_inside(spec.params.get("adapters_dir"), f"{where} `params.adapters_dir`")
+        for j, adapter in enumerate(spec.adapters or []):
+            if isinstance(adapter, str):
+                check_inside(adapter, f"{where} `adapters[{j}]`", single=True)
+        if not spec.adapters or not all(isinstance(a, str) and a for a in spec.adapters):
+            raise InvalidPoolError(
+                f"{where} must list its adapters in `adapters` (non-empty names), but has {spec.adapters!r}. "
+                'List the adapter folders to load, e.g. `adapters: ["code"]`.'
+            )
+
+    @classmethod
+    def arm_names(cls, spec: DrafterSpec) -> list[str]:
+        """One arm per adapter, named after it."""
+        return list(spec.adapters or [])
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, adapter_name={self.adapter_name!r})"

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from ..errors import DrafterCompatibilityError
+from ..errors import DrafterCompatibilityError, InvalidPoolError
 from .base import Drafter, eval_mode, target_vocab_size
+
+if TYPE_CHECKING:
+    from ..pool.config import DrafterSpec
+    from ..pool.weights import LoadContext, SaveContext
 
 __all__ = ["ModelDrafter"]
 
@@ -90,6 +94,54 @@ class ModelDrafter(Drafter):
 
     def config(self) -> dict[str, Any]:
         return {"num_head_tokens": None if self.head_token_ids is None else int(self.head_token_ids.numel())}
+
+    # ------------------------------------------------------------------ pool config round trip
+    @classmethod
+    def to_spec(cls, group: list[Drafter], ctx: SaveContext) -> DrafterSpec:
+        """A reference to the model's source (Hub id or folder, with the commit it came from), or, when stored, its
+        weights in ``drafters/<name>/`` (without the embedding and LM head when they are the target's). Params:
+        ``share_target_embeddings``, ``head_token_ids`` (a JSON file in the pool) and ``dtype``."""
+        from ..pool.config import DrafterSpec
+
+        (drafter,) = group
+        where = ctx.where(drafter)
+        model = drafter.model
+        default = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None) or None
+        store, path, revision = ctx.reference(drafter, where, default)
+        if revision is None and not store and path == default:
+            revision = getattr(model.config, "_commit_hash", None)
+        folder = ctx.folder("drafters", drafter.name)
+        share = store and ctx.shares_target_embeddings(model, drafter)
+        if store:
+            ctx.save_model(model, folder, drop_embeddings=share)
+            path = folder
+        params = {
+            "share_target_embeddings": share,
+            "head_token_ids": ctx.head(drafter, folder),
+            "dtype": str(model.dtype).removeprefix("torch."),
+        }
+        return DrafterSpec(cls.kind, drafter.name, path, revision, store, None, params)
+
+    @classmethod
+    def from_spec(cls, spec: DrafterSpec, ctx: LoadContext) -> list[Drafter]:
+        """The model of the entry (stored, shared-embedding or referenced), in ``params.dtype``, with its head."""
+        where = ctx.where(spec)
+        head_ids = ctx.head_ids(spec, where)
+        share = bool(spec.params.get("share_target_embeddings", False))
+        model = ctx.load_model(spec, where, share=share, dtype=ctx.dtype(spec, where))
+        drafter = cls(model, name=spec.name, head_token_ids=head_ids)
+        drafter.source = ctx.source(spec, share_target_embeddings=share)
+        return [drafter]
+
+    @classmethod
+    def validate_spec(cls, spec: DrafterSpec, where: str) -> None:
+        """A model entry needs a `path` (and no `adapters`)."""
+        if not spec.path:
+            raise InvalidPoolError(
+                f"{where} must have a `path` (a Hub repo id, a folder, or a folder inside the pool), but has none. "
+                "Set `path`, or save the pool with `store_weights=True`."
+            )
+        super().validate_spec(spec, where)
 
     def set_head_token_ids(self, head_token_ids: torch.Tensor | list[int]) -> None:
         """Restrict the LM head to `head_token_ids` (see the class docstring)."""
