@@ -70,27 +70,18 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `hf-metasd` command; returns the process exit code."""
+    """Entry point of the `hf-metasd` command; returns the process exit code.
+
+    Every option's name is the keyword of `run_demo` / `run_benchmark` it sets (``--per-task`` -> ``per_task``), so
+    the options go through as they are, but ``--sub-pool NAME,NAME`` (repeatable), which becomes ``sub_pools``.
+    """
     from .benchmark.run import run_benchmark, run_demo
 
-    args = _parser().parse_args(argv)
-    common = {"models": args.models, "pool": args.pool, "dtype": args.dtype, "threads": args.threads}
-    if args.command == "demo":
-        return run_demo(args.prompt, max_new_tokens=args.max_new_tokens, **common)
-    return run_benchmark(
-        out=args.out,
-        quick=args.quick,
-        mixed=args.mixed,
-        per_task=args.per_task,
-        tasks=args.tasks,
-        max_new_tokens=args.max_new_tokens,
-        num_assistant_tokens=args.num_assistant_tokens,
-        full_information=args.full_information,
-        sub_pools=[names.split(",") for names in args.sub_pool or []],
-        hf_assisted=args.hf_assisted,
-        untrained=args.untrained,
-        **common,
-    )
+    options = vars(_parser().parse_args(argv))
+    if options.pop("command") == "demo":
+        return run_demo(options.pop("prompt"), **options)
+    options["sub_pools"] = [names.split(",") for names in options.pop("sub_pool") or []]
+    return run_benchmark(**options)
 
 
 if __name__ == "__main__":

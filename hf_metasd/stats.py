@@ -21,6 +21,9 @@ def _now() -> float:
 #: The parts of a call's wall time, in the order `summary` prints them (each has a ``<part>_seconds`` field).
 TIME_PARTS = ("draft", "prefill", "catch_up", "verify", "policy", "reward", "warm_start", "kernel_choice")
 
+#: The derived numbers (properties) `MetaSDStats.to_dict` writes after the fields, in this order.
+_SAVED_PROPERTIES = ("rounds", "pulls", "tokens", "mean_accepted", "total_seconds", "other_seconds")
+
 
 @dataclass
 class MetaSDStats:
@@ -143,14 +146,7 @@ class MetaSDStats:
         """Every field and derived number, JSON-serialisable."""
         out = asdict(self)
         out.pop("clock")
-        out.update(
-            rounds=self.rounds,
-            pulls=self.pulls,
-            tokens=self.tokens,
-            mean_accepted=self.mean_accepted,
-            total_seconds=self.total_seconds,
-            other_seconds=self.other_seconds,
-        )
+        out.update({name: getattr(self, name) for name in _SAVED_PROPERTIES})
         return out
 
     def to_trace(self) -> list[dict[str, dict[int, float]]]:

@@ -39,6 +39,19 @@ from hf_metasd.drafters import CorpusDrafter, PromptLookupDrafter  # noqa: E402
 ASSETS = REPO_ROOT / "docs" / "assets" / "bench"
 
 
+def candidate_pool(folder: str) -> str:
+    """The pool whose model drafters are candidates: a copy of the embedded pool, made once, so that rebuilding the
+    embedded pool does not remove candidates from later runs."""
+    import shutil
+
+    from hf_metasd.benchmark.offline import embedded_pool_path
+
+    path = Path(folder)
+    if not path.is_dir():
+        shutil.copytree(embedded_pool_path(), path)
+    return str(path)
+
+
 def dev_answers(target, tokenizer, args) -> dict[str, list[tuple[list[int], list[int]]]]:
     """The target's greedy answers (fp32, `max_new_tokens`) to each task's dev prompts, cached."""
     path = args.out / f"dev_answers_new{args.max_new_tokens}_val{args.val_prompts}.pt"
@@ -173,9 +186,42 @@ def parse_args(argv=None):
     p.add_argument("--record-tokens", type=int, default=6, help="proposal length recorded per position")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--models", nargs="*", default=None, help="embedded-pool drafters to include (default: all)")
+    p.add_argument(
+        "--models", nargs="*", default=None, help="model drafters of --candidates to include (default: all)"
+    )
+    p.add_argument(
+        "--candidates",
+        default=str(REPO_ROOT / "artifacts" / "candidate-pool"),
+        help="pool folder whose model drafters are candidates (default: a copy of the embedded pool made on first run)",
+    )
     p.add_argument("--corpus-sizes", nargs="*", type=int, default=[], help="also: corpus size curve (0 = all)")
+    p.add_argument(
+        "--costs-only",
+        action="store_true",
+        help="re-measure drafting and verification costs (on a quiet machine) into an existing table.pt",
+    )
     return p.parse_args(argv)
+
+
+def remeasure_costs(args, target, candidates, answers) -> None:
+    """Drafting (2 dev prompts per task) and verification costs measured again, into table.pt and matrix.json."""
+    path = args.out / "table.pt"
+    data = torch.load(path)
+    record = data["record_tokens"]
+    for drafter in candidates:
+        seconds = [
+            s
+            for pairs in answers.values()
+            for p, y in pairs[:2]
+            for _, _, s in position_table(drafter, target, p, y, record)
+        ]
+        data["draft_ms"][drafter.name] = 1000 * statistics.median(seconds)
+    data["verify_ms"] = {k: 1000 * v for k, v in verify_costs(target, answers[args.tasks[0]][0][0], record).items()}
+    torch.save(data, path)
+    result = json.loads((args.out / "matrix.json").read_text())
+    result.update(draft_ms=data["draft_ms"], verify_ms=data["verify_ms"])
+    (args.out / "matrix.json").write_text(json.dumps(result, indent=2, sort_keys=True))
+    print(json.dumps({k: result[k] for k in ("draft_ms", "verify_ms")}, indent=1))
 
 
 def main(argv=None) -> dict:
@@ -184,9 +230,12 @@ def main(argv=None) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     target, tokenizer = load_default_target(torch.float32)
     answers = dev_answers(target, tokenizer, args)
-    pool = load_embedded_pool(target)
+    pool = load_embedded_pool(target, candidate_pool(args.candidates))
     models = [d for d in pool.drafters if d.kind != "prompt_lookup" and (args.models is None or d.name in args.models)]
     candidates = [*corpus_drafters(args, args.tasks), PromptLookupDrafter(), *models]
+    if args.costs_only:
+        remeasure_costs(args, target, candidates, answers)
+        return {}
     n, record = args.num_assistant_tokens, args.record_tokens
     table: dict[str, dict[str, list]] = {}
     for drafter in candidates:

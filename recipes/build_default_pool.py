@@ -1,133 +1,264 @@
-"""Build the embedded pool shipped in `hf_metasd/data/pools/smollm2-135m-tasks` from trained drafters.
+"""Build the embedded pool (`hf_metasd/data/pools/smollm2-135m-tasks`): arms that earn their place, priors, defaults.
 
-Input: the folder written by `recipes/train_drafters.py` (`base/` without embeddings, `head_token_ids.json`,
-`adapters/<task>/`). Output: a `DrafterPool` folder (`config.json`, model card, weights) holding, in arm order,
+Inputs (all from `recipes/`, never from benchmark prompts):
 
-* one LoRA arm per task (`mt_bench`, `translation`, `summarization`, `qa`, `math_reasoning`, `rag`, `code`) on one
-  shared 2-layer base in bfloat16 that borrows the target's embedding and restricts its LM head,
-* the shared base alone (`general`),
-* prompt lookup (model-free),
-* early-exit self-drafting from the target's first `--early-exit-layers` layers (same restricted head).
+* `recipes/generate_task_outputs.py`: the target's answers to each task's training prompts -> one `CorpusDrafter`
+  per task;
+* `recipes/acceptance_matrix.py`: for every candidate drafter and every dev prompt (the val split), what it proposes
+  and what the target accepts at every position, and what drafting and verification cost on this machine.
 
-The pool is loaded back, checked to be lossless on a few benchmark prompts, and its size is printed.
+Steps:
 
-    python recipes/train_drafters.py --max-prompts-per-task 256 --out artifacts/smollm2-drafters-256
-    python recipes/build_default_pool.py --drafters artifacts/smollm2-drafters-256
+1. **Arms by measured contribution** (greedy forward selection): starting from the no-draft arm alone, add the
+   candidate that most improves the simulated dev speedup of the pool's policy (`recipes/pool_simulation.py`: real
+   `Policy` classes, the real `speed` reward, measured costs); stop when no candidate adds at least `--min-gain`.
+   Each kept arm's contribution (the dev speedup lost without it) goes into the model card.
+2. **Defaults** (policy and its settings, draft length): the best simulated dev speedup over a small grid, on the
+   kept arms.
+3. **Priors**: each kept arm's mean `speed` reward drafting alone over the dev prompts (the no-draft arm:
+   1 / (N + 1)), shipped in `config.json` as pseudo-observations (`prior_weight` each).
+4. Save the pool (corpora in compact binary form inside it), load it back, check it is lossless on dev prompts with
+   the real target, write the model card with every arm's measured acceptance per task.
+
+    python recipes/generate_task_outputs.py
+    python recipes/acceptance_matrix.py
+    python recipes/build_default_pool.py
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shutil
-import tempfile
+import sys
+import time
 from pathlib import Path
 
 import torch
 
-import hf_metasd
-from hf_metasd.benchmark.offline import chat_prompt, embedded_pool_path, load_default_target
-from hf_metasd.benchmark.prompts import BENCH_TASKS, load_bench_prompts
-from hf_metasd.pool import DrafterPool, DrafterPoolConfig, DrafterSpec
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT / "recipes"))
+
+from acceptance_matrix import candidate_pool, corpus_drafters, fixed_rounds  # noqa: E402
+from pool_simulation import Costs, evaluate, measured_priors  # noqa: E402
+from train_drafters import TASKS  # noqa: E402
+
+import hf_metasd  # noqa: E402
+from hf_metasd.benchmark.offline import embedded_pool_path, load_default_target, load_embedded_pool  # noqa: E402
+from hf_metasd.drafters import PromptLookupDrafter  # noqa: E402
+from hf_metasd.pool import DrafterPool  # noqa: E402
+
+#: Policy settings tried for the pool's defaults (simulated on dev prompts).
+GRID = [
+    ("ucb", {"beta": 0.05}),
+    ("ucb", {"beta": 0.1}),
+    ("ucb", {"beta": 0.25}),
+    ("ucb", {"beta": 1.0}),
+    ("ucb_v", {}),
+    ("ucb_v", {"c": 0.3}),
+    ("ucb_v", {"c": 0.1}),
+    ("thompson", {}),
+    ("epsilon_greedy", {"epsilon": 0.05}),
+]
 
 
 def folder_size_mb(folder: Path) -> float:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20
 
 
-def dedupe_general(out: Path) -> None:
-    """`general` is the LoRA arms' base: point its entry at that folder instead of storing the weights twice."""
-    config_path = out / "config.json"
-    config = json.loads(config_path.read_text())
-    lora = next(d for d in config["drafters"] if d["kind"] == "lora")
-    general = next(d for d in config["drafters"] if d["name"] == "general")
-    shutil.rmtree(out / general["path"])
-    general["path"] = f"{lora['path']}/{lora['params']['base']}"
-    general["params"]["head_token_ids"] = lora["params"]["head_token_ids"]
-    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--drafters", default="artifacts/smollm2-drafters-256", help="output of train_drafters.py")
-    parser.add_argument("--out", default=str(embedded_pool_path()))
-    # defaults chosen on development prompts (never the benchmark's) by recipes/tune_policy.py
-    parser.add_argument("--num-assistant-tokens", type=int, default=3)
-    parser.add_argument("--beta", type=float, default=0.05, help="UCB exploration weight of the pool's policy")
-    parser.add_argument("--early-exit-layers", type=int, default=4)
-    parser.add_argument("--dtype", default="bfloat16", help="dtype of the trained drafters")
-    args = parser.parse_args()
-
-    source = Path(args.drafters)
-    target, tokenizer = load_default_target(torch.float32)
-    with tempfile.TemporaryDirectory() as staging:
-        staging = Path(staging)
-        shutil.copytree(source / "base", staging / "base")
-        shutil.copytree(source / "adapters", staging / "adapters")
-        shutil.copy(source / "head_token_ids.json", staging / "head_token_ids.json")
-        tasks = [t for t in BENCH_TASKS if (source / "adapters" / t).is_dir()]
-        head = "head_token_ids.json"
-        drafters = [
-            DrafterSpec(
-                kind="lora",
-                name="smollm2-135m-task-drafters",
-                path=".",
-                stored=True,
-                adapters=tasks,
-                params={
-                    "base": "base",
-                    "adapters_dir": "adapters",
-                    "head_token_ids": head,
-                    "share_target_embeddings": True,
-                    "dtype": args.dtype,
-                },
-            ),
-            # the shared base alone: at this data size it agrees with the target as well as any task adapter, and it
-            # runs without the LoRA overhead
-            DrafterSpec(
-                kind="assistant_model",
-                name="general",
-                path="base",
-                stored=True,
-                params={"head_token_ids": head, "share_target_embeddings": True, "dtype": args.dtype},
-            ),
-            DrafterSpec(kind="prompt_lookup", name="prompt_lookup", params={"max_matching_ngram_size": 2}),
-            DrafterSpec(
-                kind="early_exit",
-                name=f"early_exit_{args.early_exit_layers}",
-                params={"num_layers": args.early_exit_layers, "head_token_ids": head},
-            ),
-        ]
-        DrafterPoolConfig(
-            drafters=drafters,
-            target="HuggingFaceTB/SmolLM2-135M-Instruct",
-            policy="ucb",
-            policy_kwargs={"beta": args.beta},
-            reward="bd",
-            num_assistant_tokens=args.num_assistant_tokens,
-        ).save(staging)
-        pool = DrafterPool.from_pretrained(staging, target=target)
-        out = Path(args.out)
-        if out.exists():
-            shutil.rmtree(out)
-        pool.save_pretrained(out, store_weights=True)
-    dedupe_general(out)
-
-    pool = DrafterPool.from_pretrained(out, target=target)
-    print(repr(pool))
-    for prompt in load_bench_prompts(per_task=1)[:3]:
-        ids = chat_prompt(tokenizer, prompt.text)
-        reference = target.generate(ids, do_sample=False, max_new_tokens=24)
-        got = target.generate(
-            ids, do_sample=False, max_new_tokens=24, custom_generate=hf_metasd.generate, assistant_models=pool
-        )
-        if not torch.equal(got, reference):
-            raise RuntimeError(f"the pool changed the greedy output on {prompt.id}: not shipping it")
-    config = json.loads((out / "config.json").read_text())
-    print(
-        f"wrote {out}: {len(pool)} arms, {folder_size_mb(out):.2f} MB, config drafters: "
-        f"{[d['name'] for d in config['drafters']]}; lossless on 3 benchmark prompts"
+def load_costs(data: dict, n_record: int) -> Costs:
+    return Costs(
+        verify={int(k): v / 1000 for k, v in data["verify_ms"].items()},
+        draft={k: v / 1000 for k, v in data["draft_ms"].items()},
+        model=dict(data["model"]),
+        n=n_record,
     )
+
+
+def simulate(table, names, tasks, costs, policy, kwargs, n, prior_weight) -> dict[str, float]:
+    priors = measured_priors(table, names, tasks, costs, n)
+    return evaluate(
+        table,
+        names,
+        tasks,
+        costs,
+        policy=policy,
+        policy_kwargs=kwargs,
+        num_assistant_tokens=n,
+        priors=priors,
+        prior_weight=prior_weight,
+    )
+
+
+def forward_selection(table, candidates, tasks, costs, policy, kwargs, n, prior_weight, min_gain, log):
+    chosen: list[str] = []
+    best = 1.0  # the no-draft arm alone: plain decoding
+    history = []
+    while True:
+        trials = {}
+        for name in candidates:
+            if name in chosen:
+                continue
+            trials[name] = simulate(table, [*chosen, name], tasks, costs, policy, kwargs, n, prior_weight)["overall"]
+        if not trials:
+            break
+        name, value = max(trials.items(), key=lambda kv: kv[1])
+        log(
+            f"  + {name}: {value:.3f} (best so far {best:.3f}; tried {', '.join(f'{k} {v:.3f}' for k, v in trials.items())})"
+        )
+        if value < best * (1 + min_gain):
+            break
+        chosen.append(name)
+        history.append((name, value))
+        best = value
+    return chosen, best, history
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--table", type=Path, default=REPO_ROOT / "artifacts" / "acceptance" / "table.pt")
+    parser.add_argument("--outputs", type=Path, default=REPO_ROOT / "artifacts" / "task-outputs")
+    parser.add_argument("--out", type=Path, default=embedded_pool_path())
+    parser.add_argument("--report", type=Path, default=REPO_ROOT / "docs" / "assets" / "bench" / "pool_build.json")
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS))
+    parser.add_argument("--candidates", default=str(REPO_ROOT / "artifacts" / "candidate-pool"))
+    parser.add_argument("--lengths", nargs="+", type=int, default=[1, 2, 3, 4])
+    parser.add_argument("--prior-weight", type=float, default=2.0)
+    parser.add_argument("--min-gain", type=float, default=0.01, help="relative dev speedup an arm must add")
+    parser.add_argument("--check-prompts", type=int, default=2, help="dev prompts per task for the lossless check")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    lines: list[str] = []
+
+    def log(text: str) -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    data = torch.load(args.table)
+    table, n_record = data["table"], data["record_tokens"]
+    costs = load_costs(data, n_record)
+    candidates = list(table)
+    log(f"candidates: {candidates}")
+    log(f"verify ms: {data['verify_ms']}; draft ms: {data['draft_ms']}")
+
+    # 1. arms by contribution, with the policy the last pool shipped (then re-tuned below)
+    policy, kwargs, n = "ucb", {"beta": 0.1}, 3
+    chosen, _, history = forward_selection(
+        table, candidates, args.tasks, costs, policy, kwargs, n, args.prior_weight, args.min_gain, log
+    )
+    # 2. defaults on the kept arms
+    results = {}
+    for (name, settings), length in itertools.product(GRID, args.lengths):
+        value = simulate(table, chosen, args.tasks, costs, name, settings, length, args.prior_weight)
+        results[(name, json.dumps(settings, sort_keys=True), length)] = value
+        log(f"  {name} {settings} N={length}: {value['overall']:.3f}")
+    (policy, settings_json, n), best = max(results.items(), key=lambda kv: kv[1]["overall"])
+    kwargs = json.loads(settings_json)
+    log(f"defaults: {policy} {kwargs} N={n}: {best['overall']:.3f}")
+    # re-select with the chosen defaults
+    chosen, overall, history = forward_selection(
+        table, candidates, args.tasks, costs, policy, kwargs, n, args.prior_weight, args.min_gain, log
+    )
+    final = simulate(table, chosen, args.tasks, costs, policy, kwargs, n, args.prior_weight)
+    contributions = {
+        name: final["overall"]
+        / simulate(table, [c for c in chosen if c != name], args.tasks, costs, policy, kwargs, n, args.prior_weight)[
+            "overall"
+        ]
+        for name in chosen
+    }
+    priors = measured_priors(table, chosen, args.tasks, costs, n)
+    log(f"arms: {chosen}; simulated dev speedup {final}; contributions {contributions}; priors {priors}")
+
+    # 4. build, save, reload, check
+    target, tokenizer = load_default_target(torch.float32)
+    embedded = {d.name: d for d in load_embedded_pool(target, candidate_pool(args.candidates)).drafters}
+    corpora = {d.name: d for d in corpus_drafters(argparse.Namespace(outputs=args.outputs), args.tasks)}
+    available = {**embedded, **corpora, "prompt_lookup": PromptLookupDrafter()}
+    drafters = [available[name] for name in chosen]
+    pool = DrafterPool(
+        drafters,
+        target=target,
+        policy=policy,
+        policy_kwargs=kwargs,
+        reward="speed",
+        num_assistant_tokens=n,
+        priors={k: round(v, 4) for k, v in priors.items()},
+        prior_weight=args.prior_weight,
+        tokenizer=tokenizer,
+    )
+    staging = args.out.with_name(args.out.name + ".new")
+    if staging.exists():
+        shutil.rmtree(staging)
+    pool.save_pretrained(staging, store_weights=True, tokenizer=tokenizer)
+    loaded = DrafterPool.from_pretrained(staging, target=target, tokenizer=tokenizer)
+    answers = data["answers"]
+    for task in args.tasks:
+        for prompt, _ in answers[task][: args.check_prompts]:
+            ids = torch.tensor([prompt])
+            reference = target.generate(ids, do_sample=False, max_new_tokens=32)
+            got = target.generate(
+                ids, do_sample=False, max_new_tokens=32, custom_generate=hf_metasd.generate, assistant_models=loaded
+            )
+            if not torch.equal(got, reference):
+                raise RuntimeError(f"the pool changed the greedy output on a {task} dev prompt: not shipping it")
+    matrix = {
+        name: {
+            task: sum(a for _, a in (fixed_rounds(rows, n) for rows in table[name][task]))
+            / sum(r for r, _ in (fixed_rounds(rows, n) for rows in table[name][task]))
+            for task in args.tasks
+        }
+        for name in chosen
+    }
+    card = staging / "README.md"
+    rows = "\n".join(
+        f"| `{name}` | {contributions[name]:.3f}x | "
+        + " | ".join(f"{matrix[name][t]:.2f}" for t in args.tasks)
+        + f" | {priors[name]:.3f} |"
+        for name in chosen
+    )
+    card.write_text(
+        card.read_text()
+        + f"""
+## How the arms were chosen (dev prompts, this machine)
+
+Built by `recipes/build_default_pool.py` from the target's own answers to training prompts (never benchmark
+prompts). Arms were added one at a time while they improved the simulated dev speedup of the pool's policy by at
+least {100 * args.min_gain:.0f} %; "contribution" is the simulated dev speedup with the arm over without it. Acceptance:
+mean accepted tokens per round of the arm drafting alone (N={n}) on each task's dev prompts. Prior: the arm's mean
+`speed` reward alone (the no-draft arm: {priors["no_draft"]:.3f}), {args.prior_weight:g} pseudo-observations each.
+
+| arm | contribution | {" | ".join(args.tasks)} | prior |
+|---|---|{"---|" * len(args.tasks)}---|
+{rows}
+
+Simulated dev speedup over plain decoding: overall {final["overall"]:.2f}x ({", ".join(f"{t} {final[t]:.2f}x" for t in args.tasks)}).
+Every figure in the project's docs comes from real runs (`hf-metasd bench`), not from this simulation.
+"""
+    )
+    if args.out.exists():
+        shutil.rmtree(args.out)
+    staging.rename(args.out)
+    report = {
+        "arms": chosen,
+        "selection": history,
+        "policy": policy,
+        "policy_kwargs": kwargs,
+        "num_assistant_tokens": n,
+        "priors": priors,
+        "prior_weight": args.prior_weight,
+        "contributions": contributions,
+        "simulated_dev_speedup": final,
+        "matrix": matrix,
+        "grid": {f"{k[0]} {k[1]} N={k[2]}": v for k, v in results.items()},
+        "size_mb": folder_size_mb(args.out),
+        "seconds": time.perf_counter() - start,
+        "log": lines,
+    }
+    args.report.parent.mkdir(parents=True, exist_ok=True)
+    args.report.write_text(json.dumps(report, indent=2, sort_keys=True))
+    log(f"wrote {args.out}: {len(chosen)} arms {chosen}, {folder_size_mb(args.out):.2f} MB; lossless on dev prompts")
 
 
 if __name__ == "__main__":

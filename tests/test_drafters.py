@@ -6,6 +6,7 @@ import pytest
 import torch
 from conftest import VOCAB, greedy, metasd_greedy, prompts, sharpen, tiny_llama
 from peft import LoraConfig, get_peft_model
+from test_other_tokenizer import other_tokenizer_pool
 from transformers import GPT2Config, GPT2LMHeadModel, LogitsProcessorList, SuppressTokensLogitsProcessor
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
@@ -49,6 +50,8 @@ FACTORIES = {
             [greedy(target, p, MAX_NEW)[0, p.shape[1] :].tolist() for p in prompts(6, seed=7)]
         )
     ],
+    # a drafter with its own tokenizer (other ids, 2-character merges); the tokenizers are built in memory
+    "other_tokenizer": other_tokenizer_pool,
 }
 
 

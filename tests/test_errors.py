@@ -16,6 +16,7 @@ from hf_metasd import (
     UnknownPolicyError,
     UnknownRewardError,
 )
+from hf_metasd.errors import UnknownPolicySettingError
 from hf_metasd.policies import POLICY_REGISTRY, Policy
 
 PROMPT = prompts(1)[0]
@@ -180,3 +181,154 @@ def test_errors_refine_builtins():
     assert issubclass(UnknownPolicyError, ValueError) and issubclass(UnknownPolicyError, KeyError)
     assert issubclass(DrafterCompatibilityError, ValueError)
     assert issubclass(PolicyArmError, IndexError)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# arguments that mean another assisted-decoding method: refused on both entry points
+# ---------------------------------------------------------------------------------------------------------------------
+def _generate(entry: str, target, input_ids, max_new_tokens: int, **kwargs):
+    """Greedy `generate` through `custom_generate=hf_metasd.generate` or through `hf_metasd.enable()`."""
+    if entry == "enable":
+        hf_metasd.enable()
+        return target.generate(input_ids, do_sample=False, max_new_tokens=max_new_tokens, **kwargs)
+    return metasd_greedy(target, input_ids, max_new_tokens, **kwargs)
+
+
+ENTRIES = ["custom_generate", "enable"]
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_assistant_model_with_assistant_models_is_refused_on_both_entry_points(target, drafters, entry, forward_calls):
+    # with `custom_generate`, hf_metasd reads `assistant_model` from transformers' `generate` frame
+    _raises_before_compute(
+        forward_calls,
+        MetaSDConfigError,
+        r"`assistant_model` must be None when `assistant_models` is given, but both are set\. Put every drafter in "
+        r"`assistant_models=\[\.\.\.\]`\.",
+        lambda: _generate(entry, target, PROMPT, 5, assistant_model=drafters[0], assistant_models=drafters[1:]),
+    )
+    # the fix: every drafter in `assistant_models`
+    out = _generate(entry, target, PROMPT, 5, assistant_models=drafters)
+    assert torch.equal(out, greedy(target, PROMPT, 5))
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_prompt_lookup_num_tokens_with_assistant_models_is_refused_on_both_entry_points(
+    target, drafters, entry, forward_calls
+):
+    # both messages name the value and the pool drafter that replaces it (their last sentences differ in wording)
+    _raises_before_compute(
+        forward_calls,
+        MetaSDConfigError,
+        r"`prompt_lookup_num_tokens` must be None when `assistant_models` is given, but is 3\. "
+        r".*`hf_metasd\.drafters\.PromptLookupDrafter\(\)`",
+        lambda: _generate(entry, target, PROMPT, 5, prompt_lookup_num_tokens=3, assistant_models=drafters),
+    )
+    # the fix: the prompt-lookup drafter in the pool
+    pool = [*drafters, hf_metasd.drafters.PromptLookupDrafter(num_output_tokens=3)]
+    assert torch.equal(_generate(entry, target, PROMPT, 5, assistant_models=pool), greedy(target, PROMPT, 5))
+
+
+def test_assistant_tokenizer_with_assistant_models_is_refused_through_enable(target, drafters, forward_calls):
+    # Only `enable()` can refuse it: with `custom_generate=hf_metasd.generate`, transformers pops `assistant_tokenizer`
+    # from the call's kwargs and hands a callable decoding method only the arguments in its signature, so hf_metasd
+    # never sees it (and transformers' frame does not keep it either). Nothing to test on that path.
+    _raises_before_compute(
+        forward_calls,
+        MetaSDConfigError,
+        r"`assistant_tokenizer` must be None when `assistant_models` is given, but is set\. A drafter with another "
+        r"tokenizer carries its own: build it as a drafter of the pool\.",
+        lambda: _generate("enable", target, PROMPT, 5, assistant_tokenizer=object(), assistant_models=drafters),
+    )
+    # the fix: drop it (these drafters share the target's tokenizer)
+    assert torch.equal(_generate("enable", target, PROMPT, 5, assistant_models=drafters), greedy(target, PROMPT, 5))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# MetaSD settings of the wrong type or value
+# ---------------------------------------------------------------------------------------------------------------------
+def test_full_information_must_be_a_bool(target, drafters, forward_calls):
+    _raises_before_compute(
+        forward_calls,
+        MetaSDConfigError,
+        r"`meta_full_information` must be True or False, but is 'yes'\. Pass a bool\.",
+        lambda: metasd_greedy(target, PROMPT, 5, assistant_models=drafters, meta_full_information="yes"),
+    )
+    out = metasd_greedy(target, PROMPT, 5, assistant_models=drafters, meta_full_information=True, meta_reward="bd")
+    assert torch.equal(out, greedy(target, PROMPT, 5))
+
+
+def test_unknown_policy_setting_names_the_policy_the_key_and_the_valid_settings(target, drafters, forward_calls):
+    _raises_before_compute(
+        forward_calls,
+        UnknownPolicySettingError,
+        r"`meta_policy_kwargs` for 'ucb' must use the settings \['beta', 'seed'\], but has unknown 'betta'\. "
+        r"Did you mean 'beta'\? See `help\(UCB\)`",
+        lambda: metasd_greedy(
+            target, PROMPT, 5, assistant_models=drafters, meta_policy="ucb", meta_policy_kwargs={"betta": 1}
+        ),
+    )
+    # the fix: the suggested name
+    out = metasd_greedy(
+        target,
+        PROMPT,
+        5,
+        assistant_models=drafters,
+        meta_policy="ucb",
+        meta_policy_kwargs={"beta": 1},
+        return_dict_in_generate=True,
+    )
+    assert torch.equal(out.sequences, greedy(target, PROMPT, 5)) and out.metasd.policy == "ucb"
+
+
+def test_policy_settings_given_as_a_string_are_refused(target, drafters, forward_calls):
+    _raises_before_compute(
+        forward_calls,
+        TypeError,
+        r"`meta_policy_kwargs` must be a dict of policy settings, but is str 'beta=1'\. "
+        r"Pass e\.g\. `meta_policy_kwargs=\{\"beta\": 0\.5\}`\.",
+        lambda: metasd_greedy(target, PROMPT, 5, assistant_models=drafters, meta_policy_kwargs="beta=1"),
+    )
+    out = metasd_greedy(target, PROMPT, 5, assistant_models=drafters, meta_policy_kwargs={"beta": 0.5})
+    assert torch.equal(out, greedy(target, PROMPT, 5))
+
+
+def test_a_reward_outside_the_unit_interval_is_refused_at_the_first_update(target, drafters):
+    calls = []
+
+    def too_big(feedback):
+        calls.append(feedback.arm)
+        return 2.0
+
+    with pytest.raises(
+        ValueError,
+        match=r"`reward` must be in \[0, 1\] for the 'ucb' policy, but is 2\.0\. Use a reward in \[0, 1\] "
+        r"\(BE, BD or the normalised cost reward\) or rescale yours\.",
+    ):
+        metasd_greedy(target, PROMPT, 5, assistant_models=drafters, meta_policy="ucb", meta_reward=too_big)
+    assert calls == [0]  # refused at the first update: the first round's reward, arm 0 (UCB tries arms in order)
+
+    # the fix: rescale it into [0, 1]
+    policy = hf_metasd.get_policy("ucb")
+    out = metasd_greedy(
+        target, PROMPT, 5, assistant_models=drafters, meta_policy=policy, meta_reward=lambda f: too_big(f) / 2
+    )
+    assert torch.equal(out, greedy(target, PROMPT, 5))
+    assert sum(policy.counts) >= 1 and all(s == c for s, c in zip(policy.sums, policy.counts))  # every reward was 1
+
+
+@pytest.mark.parametrize("key", ["meta_skinny_gemm", "meta_no_draft"])
+def test_tri_state_settings_must_be_a_bool_or_none(target, drafters, forward_calls, key):
+    _raises_before_compute(
+        forward_calls,
+        MetaSDConfigError,
+        rf"`{key}` must be True, False or None \(automatic\), but is 'yes'\. Pass a bool, or leave it out\.",
+        lambda: metasd_greedy(target, PROMPT, 5, assistant_models=drafters, **{key: "yes"}),
+    )
+    for value in (True, False):  # the fix: a bool (the default reward, "speed", has the no-draft arm)
+        out = metasd_greedy(target, PROMPT, 5, assistant_models=drafters, return_dict_in_generate=True, **{key: value})
+        assert torch.equal(out.sequences, greedy(target, PROMPT, 5))
+        if key == "meta_no_draft":
+            assert (out.metasd.drafter_names[-1] == "no_draft") is value
+        else:
+            assert out.metasd.kernel == ("skinny" if value else "stock")

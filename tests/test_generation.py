@@ -114,8 +114,9 @@ def test_telemetry_adds_up(target, pools):
     copy_rounds = [r for r, a in enumerate(stats.arms) if a == 1 and stats.drafted[r] > 0]
     assert copy_rounds and all(stats.accepted[r] == stats.drafted[r] for r in copy_rounds)
     assert all(stats.rewards[r] == pytest.approx(1.0, abs=1e-5) for r in copy_rounds)
-    for name in ("draft", "catch_up", "verify", "policy", "reward"):
-        assert getattr(stats, f"{name}_seconds") >= 0.0
+    # the timed parts are disjoint pieces of the decoding loop: they sum to (almost all of) its wall time
+    assert 0.9 * stats.wall_seconds <= stats.total_seconds <= stats.wall_seconds
+    assert sum(stats.new_tokens) == new_tokens
     assert stats.verify_seconds > 0 and stats.draft_seconds > 0
     assert "rounds" in stats.summary() and stats.to_dict()["pulls"] == stats.pulls
 

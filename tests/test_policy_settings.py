@@ -7,7 +7,7 @@ import inspect
 
 import pytest
 
-from hf_metasd._validation import check_bool, check_choice, check_unit_reward
+from hf_metasd._validation import check_bool, check_choice, check_real, check_unit_reward
 from hf_metasd.errors import MetaSDConfigError, UnknownPolicySettingError
 from hf_metasd.policies import (
     POLICY_REGISTRY,
@@ -21,6 +21,7 @@ from hf_metasd.policies import (
     get_policy,
     register_policy,
 )
+from hf_metasd.policies.base import setting
 
 BUILTINS = sorted(
     n for n, cls in POLICY_REGISTRY.items() if cls.__module__.startswith("hf_metasd.policies.")
@@ -77,6 +78,56 @@ def test_a_custom_policy_without_settings_still_works():
             return 0
 
     assert Plain(seed=2).config() == {"seed": 2} and Plain().settings == PolicySettings()
+
+
+def test_a_custom_policy_declares_settings_and_per_drafter_state_once():
+    @dataclasses.dataclass(frozen=True)
+    class TiltSettings(PolicySettings):
+        tilt: float = setting(
+            0.5, "how far the weights lean, in [0, 1]", check_real, low=0.0, high=1.0, hint="Use 0.5."
+        )
+
+    class Tilted(Policy):
+        name = "tilted_test"
+        settings_class = TiltSettings
+        arm_state = {"weights": float}
+
+        def __init__(self, tilt: float = 0.5, *, seed: int | None = None) -> None:
+            self._configure(seed, tilt=tilt)
+
+        def select(self) -> int:
+            return self._argmax(self.weights)
+
+        def _observe(self, arm, reward):
+            super()._observe(arm, reward)
+            self.weights[arm] += self.tilt * reward
+
+    with pytest.raises(ValueError, match=r"`tilt` must be a float in \[0, 1\], but is 2\. Use 0\.5\."):
+        Tilted(tilt=2)
+    policy = Tilted(tilt=1)
+    assert policy.tilt == 1.0 and policy.weights == [] and policy.config() == {"tilt": 1.0, "seed": None}
+    policy.reset(num_arms=2)
+    policy.update(1, 0.5)
+    assert policy.weights == [0.0, 0.5] and policy.select() == 1
+    restored = Tilted(tilt=1)
+    restored.load_state_dict(policy.state_dict())
+    assert restored.weights == [0.0, 0.5] and policy.state_dict()["weights"] == [0.0, 0.5]
+
+
+def test_a_setting_may_not_shadow_a_policy_attribute():
+    @dataclasses.dataclass(frozen=True)
+    class Clashing(PolicySettings):
+        name: float = setting(1.0, "shadows `Policy.name`", check_real, hint="Use 1.0.")
+
+    with pytest.raises(
+        TypeError, match=r"`Clashing\.name` must not reuse a name of `Bad`, but `Bad\.name` is ''\. Rename"
+    ):
+
+        class Bad(Policy):
+            settings_class = Clashing
+
+            def select(self):
+                return 0
 
 
 # ---------------------------------------------------------------------------------------------------- get_policy errors

@@ -297,6 +297,18 @@ def test_push_references_hub_drafters_without_weights(target, fake_hub):
     assert (spec["path"], spec["stored"]) == ("org/small-drafter", False)
 
 
+def test_save_and_push_forwards_push_to_hub_arguments_and_refuses_unknown_ones(pool, tmp_path, fake_hub):
+    with pytest.raises(
+        TypeError,
+        match=r"`push_to_hub_kwargs` must be Hub arguments of `push_to_hub` \['commit_message', .*'model_card_kwargs'\], "
+        r"but has unknown 'comit_message'\. See `help\(DrafterPool\.push_to_hub\)`\.",
+    ):
+        pool.save_pretrained(tmp_path / "pool", store_weights=True, push_to_hub=True, comit_message="typo")
+    assert fake_hub.calls == [] and not (tmp_path / "pool").exists()  # refused before any write or Hub call
+    pool.save_pretrained(tmp_path / "pool", store_weights=True, push_to_hub=True, commit_message="mine")  # the fix
+    assert [c[:3] for c in fake_hub.calls if c[0] == "upload_folder"] == [("upload_folder", "pool", "mine")]
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # an invalid pool is never written nor pushed
 # ---------------------------------------------------------------------------------------------------------------------

@@ -446,22 +446,16 @@ def regret_samples(
     return out
 
 
-def stopping_time_regret(
-    policy: str | Policy,
-    scenario: Scenario,
-    reward: str = "bd",
-    target_tokens: int = 1000,
-    seeds: Iterable[int] = range(10),
-    **kwargs: Any,
-) -> float:
+def stopping_time_regret(policy: str | Policy, scenario: Scenario, *args: Any, **kwargs: Any) -> float:
     r"""Stopping-time regret: :math:`\mathbb E[\tau_{policy}] - \mathbb E[\tau_{oracle}]`, averaged over `seeds`.
 
     :math:`\tau` is the number of rounds to produce `target_tokens` tokens (``measure="wall_time"``: the simulated
     wall time instead). The oracle always uses the best drafter of the current segment (`Scenario.best_arm`), so for
-    a switching scenario it switches exactly when the drafters do. Keyword arguments go to `regret_samples`.
+    a switching scenario it switches exactly when the drafters do. The arguments after `scenario` (`reward`,
+    `target_tokens`, `seeds`, then the keyword-only ones) are `regret_samples`'s, with its defaults: this is the mean
+    of its samples.
     """
-    samples = regret_samples(policy, scenario, reward, target_tokens, seeds, **kwargs)
-    return float(np.mean(samples))
+    return float(np.mean(regret_samples(policy, scenario, *args, **kwargs)))
 
 
 # ---------------------------------------------------------------------------------------------------- traces

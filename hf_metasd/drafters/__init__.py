@@ -22,6 +22,7 @@ __all__ = [
     "LoraDrafter",
     "ModelDrafter",
     "PromptLookupDrafter",
+    "TokenizerBridgeDrafter",
     "as_drafters",
     "early_exit_model",
     "prompt_lookup_candidates",
@@ -49,6 +50,7 @@ register_drafter_kind(ModelDrafter)
 from .corpus import CorpusDrafter, CorpusIndex  # noqa: E402
 from .early_exit import EarlyExitDrafter, early_exit_model  # noqa: E402
 from .lora import LoraDrafter  # noqa: E402
+from .other_tokenizer import TokenizerBridgeDrafter  # noqa: E402
 from .prompt_lookup import PromptLookupDrafter, prompt_lookup_candidates  # noqa: E402
 
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ..errors import DrafterCompatibilityError, InvalidPoolError, MetaSDConfigError
+from ..errors import DrafterCompatibilityError, InvalidPoolError
 
 if TYPE_CHECKING:  # the pool imports the drafters; the drafters only meet the pool's types at save / load time
     from ..pool.config import DrafterSpec
@@ -39,6 +39,7 @@ __all__ = [
     "Drafter",
     "eval_mode",
     "is_peft_model",
+    "require_path",
     "require_peft",
     "shared_scope",
     "target_vocab_size",
@@ -118,6 +119,15 @@ def require_peft(what: str) -> Any:
             f"{what} `peft`, but it is not installed. Install it with `pip install hf-metasd[peft]`."
         ) from err
     return peft
+
+
+def require_path(spec: DrafterSpec, where: str) -> None:
+    """Raise `InvalidPoolError` if the pool entry `spec` has no `path` (a kind that reads a model needs one)."""
+    if not spec.path:
+        raise InvalidPoolError(
+            f"{where} must have a `path` (a Hub repo id, a folder, or a folder inside the pool), but has none. "
+            "Set `path`, or save the pool with `store_weights=True`."
+        )
 
 
 def target_vocab_size(model: Any) -> int:
@@ -297,14 +307,7 @@ class Drafter(ABC):
             >>> drafter.name, drafter.max_matching_ngram_size, drafter.source["stored"]
             ('pl', 3, False)
         """
-        try:
-            drafter = cls(name=spec.name, **spec.params)
-        except (MetaSDConfigError, InvalidPoolError):
-            raise
-        except (TypeError, ValueError) as err:
-            raise ctx.bad_params(spec, cls, err) from err
-        drafter.source = ctx.source(spec)
-        return [drafter]
+        return [ctx.build(spec, cls, lambda: cls(name=spec.name, **spec.params))]
 
     @classmethod
     def validate_spec(cls, spec: DrafterSpec, where: str) -> None:

@@ -565,12 +565,7 @@ class CorpusDrafter(Drafter):
         settings = dict(spec.params)
         if saved_vocab_size is not None and "vocab_size" not in settings:
             settings["vocab_size"] = saved_vocab_size
-        try:
-            drafter = cls(index, name=spec.name, **settings)
-        except (TypeError, ValueError) as err:
-            raise ctx.bad_params(spec, cls, err) from err
-        drafter.source = ctx.source(spec)
-        return [drafter]
+        return [ctx.build(spec, cls, lambda: cls(index, name=spec.name, **settings))]
 
     @classmethod
     def validate_spec(cls, spec: DrafterSpec, where: str) -> None:

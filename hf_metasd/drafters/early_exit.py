@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ..errors import DrafterCompatibilityError, InvalidPoolError, MetaSDConfigError
+from ..errors import DrafterCompatibilityError
 from . import register_drafter_kind
 from .base import Drafter, require_peft
 from .model import ModelDrafter
@@ -190,9 +190,10 @@ class EarlyExitDrafter(ModelDrafter):
         head_ids = ctx.head_ids(spec, where)
         params = {k: v for k, v in spec.params.items() if k not in ("head_token_ids", "share_target_embeddings")}
         adapter = None if not spec.path else ctx.resolve(spec, where, need_folder=False)
-        try:
+
+        def construct() -> EarlyExitDrafter:
             with ctx.reading(where, os.path.join(adapter or "", ADAPTER_WEIGHTS_NAME)):
-                drafter = cls(
+                return cls(
                     ctx.target,
                     name=spec.name,
                     adapter=adapter,
@@ -201,12 +202,8 @@ class EarlyExitDrafter(ModelDrafter):
                     head_token_ids=head_ids,
                     **params,
                 )
-        except (MetaSDConfigError, InvalidPoolError):
-            raise
-        except (TypeError, ValueError) as err:
-            raise ctx.bad_params(spec, cls, err) from err
-        drafter.source = ctx.source(spec)
-        return [drafter]
+
+        return [ctx.build(spec, cls, construct)]
 
     @classmethod
     def validate_spec(cls, spec: DrafterSpec, where: str) -> None:

@@ -23,7 +23,7 @@ import torch
 
 from ..errors import DrafterCompatibilityError, InvalidPoolError
 from . import register_drafter_kind
-from .base import Drafter, eval_mode, is_peft_model, require_peft, shared_scope
+from .base import Drafter, eval_mode, is_peft_model, require_path, require_peft, shared_scope
 from .model import ModelDrafter
 
 if TYPE_CHECKING:
@@ -286,11 +286,7 @@ class LoraDrafter(ModelDrafter):
         """A `path`, `params.base` / `params.adapters_dir` / adapter names inside the pool, a non-empty `adapters`."""
         from ..pool.config import check_inside
 
-        if not spec.path:
-            raise InvalidPoolError(
-                f"{where} must have a `path` (a Hub repo id, a folder, or a folder inside the pool), but has none. "
-                "Set `path`, or save the pool with `store_weights=True`."
-            )
+        require_path(spec, where)
         check_inside(spec.params.get("base"), f"{where} `params.base`")
         check_inside(spec.params.get("adapters_dir"), f"{where} `params.adapters_dir`")
         for j, adapter in enumerate(spec.adapters or []):

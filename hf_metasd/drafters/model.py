@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from ..errors import DrafterCompatibilityError, InvalidPoolError
-from .base import Drafter, eval_mode, target_vocab_size
+from ..errors import DrafterCompatibilityError
+from .base import Drafter, eval_mode, require_path, target_vocab_size
 
 if TYPE_CHECKING:
     from ..pool.config import DrafterSpec
@@ -104,23 +104,13 @@ class ModelDrafter(Drafter):
         from ..pool.config import DrafterSpec
 
         (drafter,) = group
-        where = ctx.where(drafter)
-        model = drafter.model
-        default = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None) or None
-        store, path, revision = ctx.reference(drafter, where, default)
-        if revision is None and not store and path == default:
-            revision = getattr(model.config, "_commit_hash", None)
-        folder = ctx.folder("drafters", drafter.name)
-        share = store and ctx.shares_target_embeddings(model, drafter)
-        if store:
-            ctx.save_model(model, folder, drop_embeddings=share)
-            path = folder
+        plan = ctx.model_reference(drafter, drafter.model, share_embeddings=True)
         params = {
-            "share_target_embeddings": share,
-            "head_token_ids": ctx.head(drafter, folder),
-            "dtype": str(model.dtype).removeprefix("torch."),
+            "share_target_embeddings": plan.share_target_embeddings,
+            "head_token_ids": ctx.head(drafter, plan.folder),
+            "dtype": str(drafter.model.dtype).removeprefix("torch."),
         }
-        return DrafterSpec(cls.kind, drafter.name, path, revision, store, None, params)
+        return DrafterSpec(cls.kind, drafter.name, plan.path, plan.revision, plan.stored, None, params)
 
     @classmethod
     def from_spec(cls, spec: DrafterSpec, ctx: LoadContext) -> list[Drafter]:
@@ -136,11 +126,7 @@ class ModelDrafter(Drafter):
     @classmethod
     def validate_spec(cls, spec: DrafterSpec, where: str) -> None:
         """A model entry needs a `path` (and no `adapters`)."""
-        if not spec.path:
-            raise InvalidPoolError(
-                f"{where} must have a `path` (a Hub repo id, a folder, or a folder inside the pool), but has none. "
-                "Set `path`, or save the pool with `store_weights=True`."
-            )
+        require_path(spec, where)
         super().validate_spec(spec, where)
 
     def set_head_token_ids(self, head_token_ids: torch.Tensor | list[int]) -> None:

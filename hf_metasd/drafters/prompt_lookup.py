@@ -13,15 +13,11 @@ from typing import Any
 
 import torch
 
+from .._validation import check_int
 from . import register_drafter_kind
 from .base import Drafter, target_vocab_size
 
 __all__ = ["PromptLookupDrafter", "logits_processor_filter", "prompt_lookup_candidates"]
-
-
-def _check_positive(name: str, value: Any, example: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"`{name}` must be an int >= 1, but is {value!r}. Use e.g. {example}.")
 
 
 def prompt_lookup_candidates(
@@ -128,9 +124,9 @@ class PromptLookupDrafter(Drafter):
     def __init__(
         self, max_matching_ngram_size: int = 2, num_output_tokens: int | None = None, *, name: str | None = None
     ) -> None:
-        _check_positive("max_matching_ngram_size", max_matching_ngram_size, 2)
+        check_int("max_matching_ngram_size", max_matching_ngram_size, low=1, hint="Use e.g. 2.")
         if num_output_tokens is not None:
-            _check_positive("num_output_tokens", num_output_tokens, 10)
+            check_int("num_output_tokens", num_output_tokens, low=1, hint="Use e.g. 10.")
         super().__init__(name)
         self.max_matching_ngram_size = max_matching_ngram_size
         self.num_output_tokens = num_output_tokens

@@ -8,33 +8,67 @@ built-in rewards (BE, BD, cost); policies whose maths assumes that range refuse 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from .._validation import check_real, check_unit_reward
 
-__all__ = ["Policy", "PolicySettings", "setting"]
+__all__ = ["IndexPolicy", "Policy", "PolicySettings", "setting"]
 
 #: Pseudo-observations a prior mean counts as when `set_prior` is not told otherwise.
 DEFAULT_PRIOR_WEIGHT = 2.0
 
 
+def setting(default: Any, help: str, check: Callable[..., Any], **check_kwargs: Any) -> Any:
+    """A field of a `PolicySettings` subclass: its default, its ``help`` text and how `PolicySettings` validates it.
+
+    `check` is one of `hf_metasd._validation`'s checks (`check_real`, `check_int`), called as
+    ``check(name, value, **check_kwargs)`` when the settings are built; the value it returns (e.g. an int converted
+    to a float) is the one stored. The check and its arguments live in the field's metadata (``"check"``), next to
+    ``"help"``.
+
+    Example:
+        >>> from hf_metasd._validation import check_int
+        >>> @dataclasses.dataclass(frozen=True)
+        ... class WindowSettings(PolicySettings):
+        ...     window: int = setting(500, "rounds remembered, >= 1", check_int, low=1, hint="Use 500.")
+        >>> WindowSettings().window, WindowSettings.describe()
+        (500, {'window': 'rounds remembered, >= 1'})
+        >>> WindowSettings(window=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: `window` must be an int >= 1, but is 0. Use 500.
+    """
+    return dataclasses.field(
+        default=default, metadata={"help": help, "check": functools.partial(check, **check_kwargs)}
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class PolicySettings:
-    """The settings of a policy: a small frozen dataclass, validated in ``__post_init__`` (mabwiser's habit).
+    """The settings of a policy: a small frozen dataclass, validated when built (mabwiser's habit).
 
     Each built-in policy has one subclass (`UCBSettings`, `EXP3Settings`, ...) whose fields are the policy's
-    constructor arguments except `seed`, each with ``metadata={"help": ...}``; `Policy.config` is derived from it, so
-    every setting is written once. This base class has no field: the settings of a policy without knobs.
+    constructor arguments except `seed`, each declared with `setting` (default, ``help`` text, check); `Policy.config`
+    is derived from it, and the policy reads each field as a read-only attribute, so every setting is written once.
+    ``__post_init__`` runs every field's check (in field order) and stores the value it returns. This base class has
+    no field: the settings of a policy without knobs.
 
     Example:
         >>> from hf_metasd.policies import UCBSettings
         >>> UCBSettings(beta=0.5).to_dict(), UCBSettings.describe()["beta"][:18]
         ({'beta': 0.5}, 'exploration weight')
     """
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            check = field.metadata.get("check")
+            if check is not None:
+                self._set(field.name, check(field.name, getattr(self, field.name)))
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as a plain dict, in field order."""
@@ -50,18 +84,30 @@ class PolicySettings:
         object.__setattr__(self, name, value)
 
 
-def setting(name: str) -> property:
-    """A read-only attribute of a policy that reads `settings.<name>` (so ``UCB(beta=0.5).beta == 0.5``)."""
-    return property(lambda self: getattr(self.settings, name), doc=f"`settings.{name}` (read-only).")
+_MISSING = object()
+
+
+class _SettingAttribute(property):
+    """The read-only attribute through which a policy reads one of its settings (``UCB(beta=0.5).beta == 0.5``)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(lambda policy: getattr(policy.settings, name), doc=f"`settings.{name}` (read-only).")
+
+
+def _log_or_zero(n: float) -> float:
+    r""":math:`\ln n` for the UCB bonuses, 0.0 for ``n <= 1`` (no bonus before a second round)."""
+    return math.log(n) if n > 1 else 0.0
 
 
 class Policy(ABC):
     """Base class of every policy.
 
     Subclasses set `name` (the registry key), implement `select` and, when they keep more than pull counts and reward
-    sums, extend `reset` / `_observe` / `state_dict`. Settings are keyword arguments of `__init__`, stored as a frozen
-    `PolicySettings` subclass in `settings` (named by `settings_class`) and returned, with `seed`, by `config()` so
-    that a pool can save them.
+    sums, extend `_observe`: per-drafter lists named in `arm_state` are created, zeroed by `reset` and saved by
+    `state_dict` here; anything else, extend `reset` / `state_dict` / `load_state_dict`. Settings are keyword
+    arguments of `__init__`, stored as a frozen `PolicySettings` subclass in `settings` (named by `settings_class`),
+    read as read-only attributes of the same names (added to the class for every field of `settings_class`) and
+    returned, with `seed`, by `config()` so that a pool can save them.
 
     Priors. `set_prior` gives some drafters a prior mean reward, counted as `weight` pseudo-observations: `means()`
     and the index policies use ``counts + prior_counts`` and ``sums + prior_sums``, while `counts` and `sums` keep
@@ -100,8 +146,28 @@ class Policy(ABC):
     settings_class: ClassVar[type[PolicySettings]] = PolicySettings
     #: True for policies that use `set_prior` (they estimate a mean reward per drafter).
     supports_prior: ClassVar[bool] = False
+    #: Per-drafter lists the policy learns besides `counts` and `sums`, name -> element type (`float` or `int`):
+    #: ``[]`` until `reset`, which sets them to ``[type()] * num_arms``; `state_dict` saves them under their names.
+    #: A subclass extends its parent's: ``arm_state = {**Parent.arm_state, "extra": float}``.
+    arm_state: ClassVar[Mapping[str, type]] = {}
+    #: *h* for policies whose maths assumes rewards in ``[0, h]`` (what `reward_bound` returns); ``None``: any reward.
+    max_reward: ClassVar[float | None] = None
     #: The settings of this instance; a policy without knobs keeps this empty default.
     settings: PolicySettings = PolicySettings()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Give the class a read-only attribute for each field of its `settings_class` (``policy.beta``)."""
+        super().__init_subclass__(**kwargs)
+        for field in dataclasses.fields(cls.settings_class):
+            current = getattr(cls, field.name, _MISSING)
+            if isinstance(current, _SettingAttribute):
+                continue
+            if current is not _MISSING:
+                raise TypeError(
+                    f"`{cls.settings_class.__name__}.{field.name}` must not reuse a name of `{cls.__name__}`, but "
+                    f"`{cls.__name__}.{field.name}` is {current!r}. Rename the setting."
+                )
+            setattr(cls, field.name, _SettingAttribute(field.name))
 
     def __init__(self, *, seed: int | None = None) -> None:
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
@@ -114,6 +180,14 @@ class Policy(ABC):
         self._rng = random.Random(seed)
         self.prior_means: list[float | None] | None = None
         self.prior_weight: float | None = None
+        for name in self.arm_state:
+            setattr(self, name, [])
+
+    def _configure(self, seed: int | None, **settings: Any) -> None:
+        """`Policy.__init__` with `seed`, then ``settings = settings_class(**settings)`` (validated there): the whole
+        constructor of a policy that keeps nothing but its settings, called by its ``__init__`` with its arguments."""
+        Policy.__init__(self, seed=seed)
+        self.settings = self.settings_class(**settings)
 
     @classmethod
     def from_settings(cls, settings: PolicySettings, *, seed: int | None = None) -> Policy:
@@ -143,6 +217,8 @@ class Policy(ABC):
         self.sums = [0.0] * num_arms
         self.t = 0
         self._rng = random.Random(self.seed)
+        for name, kind in self.arm_state.items():
+            setattr(self, name, [kind()] * num_arms)
 
     @abstractmethod
     def select(self) -> int:
@@ -211,8 +287,11 @@ class Policy(ABC):
             )
 
     def reward_bound(self) -> float | None:
-        """*h* when the policy's maths assumes rewards in ``[0, h]`` (`update` refuses others), else ``None``."""
-        return None
+        """*h* when the policy's maths assumes rewards in ``[0, h]`` (`update` refuses others), else ``None``.
+
+        The class's `max_reward`; a policy whose bound is a setting (UCB-V's `b`) overrides this.
+        """
+        return self.max_reward
 
     # ------------------------------------------------------------------ priors
     def set_prior(self, means: Sequence[float | None], weight: float = DEFAULT_PRIOR_WEIGHT) -> None:
@@ -326,6 +405,7 @@ class Policy(ABC):
             "t": self.t,
             "rng_state": [version, list(internal), gauss],
             "prior": prior,
+            **{name: list(getattr(self, name)) for name in self.arm_state},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -341,6 +421,8 @@ class Policy(ABC):
         self.t = int(state["t"])
         version, internal, gauss = state["rng_state"]
         self._rng.setstate((version, tuple(internal), gauss))
+        for name, kind in self.arm_state.items():
+            setattr(self, name, [kind(x) for x in state[name]])
         prior = state.get("prior")
         if prior is None:
             self.clear_prior()
@@ -402,3 +484,26 @@ class Policy(ABC):
     def __repr__(self) -> str:
         settings = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
         return f"{type(self).__name__}({settings})"
+
+
+class IndexPolicy(Policy):
+    """A policy that pulls every drafter once (in pool order), then the one with the highest index in `scores`.
+
+    Subclasses implement `scores` (``inf`` for a drafter with no observation); `select` and `fallback` use it, ties
+    going to the lowest index. `ucb`, its discounted and sliding-window variants and `ucb_v` are index policies.
+    """
+
+    @abstractmethod
+    def scores(self) -> list[float]:
+        """The index of every drafter; the largest drafts the next round."""
+
+    def select(self) -> int:
+        self._check_ready()
+        untried = self._first_untried()
+        if untried is not None:
+            return untried
+        return self._argmax(self.scores())
+
+    def _log_rounds(self) -> float:
+        r""":math:`\ln t` with *t* the rounds so far plus every pseudo-observation of the prior (0.0 while t <= 1)."""
+        return _log_or_zero(self.t + sum(self.prior_counts))

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
-from typing import Any
 
 from .._validation import check_real
-from .base import Policy, PolicySettings, setting
+from .base import PolicySettings, _log_or_zero, setting
 from .registry import register_policy
 from .ucb import UCB
 
@@ -19,26 +17,18 @@ __all__ = ["DiscountedUCB", "DiscountedUCBSettings"]
 class DiscountedUCBSettings(PolicySettings):
     """Settings of `DiscountedUCB`."""
 
-    gamma: float = dataclasses.field(
-        default=0.998, metadata={"help": "discount in (0, 1]; smaller forgets faster (more re-exploration)"}
+    gamma: float = setting(
+        0.998,
+        "discount in (0, 1]; smaller forgets faster (more re-exploration)",
+        check_real,
+        low=0.0,
+        high=1.0,
+        low_open=True,
+        hint="Use 0.998 (an effective memory of ~500 rounds).",
     )
-    beta: float = dataclasses.field(
-        default=0.25, metadata={"help": "exploration weight beta >= 0; larger explores more, 0 is greedy"}
+    beta: float = setting(
+        0.25, "exploration weight beta >= 0; larger explores more, 0 is greedy", check_real, low=0.0, hint="Use 0.25."
     )
-
-    def __post_init__(self) -> None:
-        self._set("beta", check_real("beta", self.beta, low=0.0, hint="Use 0.25."))
-        self._set(
-            "gamma",
-            check_real(
-                "gamma",
-                self.gamma,
-                low=0.0,
-                high=1.0,
-                low_open=True,
-                hint="Use 0.998 (an effective memory of ~500 rounds).",
-            ),
-        )
 
 
 @register_policy
@@ -89,18 +79,12 @@ class DiscountedUCB(UCB):
 
     name = "discounted_ucb"
     settings_class = DiscountedUCBSettings
-    gamma = setting("gamma")
+    arm_state = {"discounted_counts": float, "discounted_sums": float}
+    discounted_counts: list[float]
+    discounted_sums: list[float]
 
     def __init__(self, gamma: float = 0.998, beta: float = 0.25, *, seed: int | None = None) -> None:
-        Policy.__init__(self, seed=seed)  # not UCB.__init__: it only builds UCB's own settings
-        self.settings = DiscountedUCBSettings(gamma=gamma, beta=beta)
-        self.discounted_counts: list[float] = []
-        self.discounted_sums: list[float] = []
-
-    def reset(self, num_arms: int) -> None:
-        super().reset(num_arms)
-        self.discounted_counts = [0.0] * num_arms
-        self.discounted_sums = [0.0] * num_arms
+        self._configure(seed, gamma=gamma, beta=beta)
 
     def _observe(self, arm: int, reward: float) -> None:
         super()._observe(arm, reward)
@@ -118,17 +102,5 @@ class DiscountedUCB(UCB):
             fade = self.gamma**self.t
             counts = [c + p * fade for c, p in zip(counts, self.prior_counts)]
             sums = [s + p * fade for s, p in zip(sums, self.prior_sums)]
-        n = sum(counts)
-        log_n = math.log(n) if n > 1.0 else 0.0
+        log_n = _log_or_zero(sum(counts))
         return [s / c + self.beta * math.sqrt(2.0 * log_n / c) if c > 0.0 else math.inf for s, c in zip(sums, counts)]
-
-    def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        state["discounted_counts"] = list(self.discounted_counts)
-        state["discounted_sums"] = list(self.discounted_sums)
-        return state
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.discounted_counts = [float(x) for x in state["discounted_counts"]]
-        self.discounted_sums = [float(x) for x in state["discounted_sums"]]

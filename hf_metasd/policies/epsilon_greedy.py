@@ -15,12 +15,14 @@ __all__ = ["EpsilonGreedy", "EpsilonGreedySettings"]
 class EpsilonGreedySettings(PolicySettings):
     """Settings of `EpsilonGreedy`."""
 
-    epsilon: float = dataclasses.field(
-        default=0.1, metadata={"help": "exploration probability in [0, 1]; larger explores more, 0 is greedy"}
+    epsilon: float = setting(
+        0.1,
+        "exploration probability in [0, 1]; larger explores more, 0 is greedy",
+        check_real,
+        low=0.0,
+        high=1.0,
+        hint="Use 0.1.",
     )
-
-    def __post_init__(self) -> None:
-        self._set("epsilon", check_real("epsilon", self.epsilon, low=0.0, high=1.0, hint="Use 0.1."))
 
 
 @register_policy
@@ -62,11 +64,9 @@ class EpsilonGreedy(Policy):
     name = "epsilon_greedy"
     settings_class = EpsilonGreedySettings
     supports_prior = True
-    epsilon = setting("epsilon")
 
     def __init__(self, epsilon: float = 0.1, *, seed: int | None = None) -> None:
-        super().__init__(seed=seed)
-        self.settings = EpsilonGreedySettings(epsilon=epsilon)
+        self._configure(seed, epsilon=epsilon)
 
     def select(self) -> int:
         self._check_ready()

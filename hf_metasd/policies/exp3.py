@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
-from typing import Any
 
 from .._validation import check_real
 from .base import Policy, PolicySettings, setting
@@ -18,23 +16,15 @@ __all__ = ["EXP3", "EXP3Settings"]
 class EXP3Settings(PolicySettings):
     """Settings of `EXP3`."""
 
-    gamma: float = dataclasses.field(
-        default=0.1,
-        metadata={"help": "uniform-exploration share and learning rate in (0, 1]; larger explores more"},
+    gamma: float = setting(
+        0.1,
+        "uniform-exploration share and learning rate in (0, 1]; larger explores more",
+        check_real,
+        low=0.0,
+        high=1.0,
+        low_open=True,
+        hint="Use 0.1, or sqrt(K ln K / ((e - 1) T)) for T rounds.",
     )
-
-    def __post_init__(self) -> None:
-        self._set(
-            "gamma",
-            check_real(
-                "gamma",
-                self.gamma,
-                low=0.0,
-                high=1.0,
-                low_open=True,
-                hint="Use 0.1, or sqrt(K ln K / ((e - 1) T)) for T rounds.",
-            ),
-        )
 
 
 @register_policy
@@ -75,16 +65,12 @@ class EXP3(Policy):
 
     name = "exp3"
     settings_class = EXP3Settings
-    gamma = setting("gamma")
+    max_reward = 1.0
+    arm_state = {"log_weights": float}
+    log_weights: list[float]
 
     def __init__(self, gamma: float = 0.1, *, seed: int | None = None) -> None:
-        super().__init__(seed=seed)
-        self.settings = EXP3Settings(gamma=gamma)
-        self.log_weights: list[float] = []
-
-    def reset(self, num_arms: int) -> None:
-        super().reset(num_arms)
-        self.log_weights = [0.0] * num_arms
+        self._configure(seed, gamma=gamma)
 
     def probabilities(self) -> list[float]:
         """:math:`p_i` for every drafter: the mixture of the normalised weights and the uniform distribution."""
@@ -99,19 +85,7 @@ class EXP3(Policy):
         self._check_ready()
         return self._sample(self.probabilities())
 
-    def reward_bound(self) -> float:
-        return 1.0
-
     def _observe(self, arm: int, reward: float) -> None:
         p = self.probabilities()[arm]  # the probability `select` drew `arm` with: weights change only here
         super()._observe(arm, reward)
         self.log_weights[arm] += self.gamma * (reward / p) / self.num_arms
-
-    def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        state["log_weights"] = list(self.log_weights)
-        return state
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.log_weights = [float(x) for x in state["log_weights"]]

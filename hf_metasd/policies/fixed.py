@@ -15,10 +15,13 @@ __all__ = ["FixedPolicy", "FixedPolicySettings"]
 class FixedPolicySettings(PolicySettings):
     """Settings of `FixedPolicy`."""
 
-    arm: int = dataclasses.field(default=0, metadata={"help": "pool index (>= 0) of the one drafter that drafts"})
-
-    def __post_init__(self) -> None:
-        self._set("arm", check_int("arm", self.arm, low=0, hint="Pass the pool index of the drafter, e.g. `arm=0`."))
+    arm: int = setting(
+        0,
+        "pool index (>= 0) of the one drafter that drafts",
+        check_int,
+        low=0,
+        hint="Pass the pool index of the drafter, e.g. `arm=0`.",
+    )
 
 
 @register_policy
@@ -44,11 +47,9 @@ class FixedPolicy(Policy):
     name = "fixed"
     uses_rewards = False
     settings_class = FixedPolicySettings
-    arm = setting("arm")
 
     def __init__(self, arm: int = 0, *, seed: int | None = None) -> None:
-        super().__init__(seed=seed)
-        self.settings = FixedPolicySettings(arm=arm)
+        self._configure(seed, arm=arm)
 
     def reset(self, num_arms: int) -> None:
         super().reset(num_arms)

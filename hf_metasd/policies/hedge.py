@@ -18,15 +18,14 @@ __all__ = ["Hedge", "HedgeSettings"]
 class HedgeSettings(PolicySettings):
     """Settings of `Hedge`."""
 
-    eta: float = dataclasses.field(
-        default=0.5, metadata={"help": "learning rate eta > 0; larger exploits sooner, smaller explores longer"}
+    eta: float = setting(
+        0.5,
+        "learning rate eta > 0; larger exploits sooner, smaller explores longer",
+        check_real,
+        low=0.0,
+        low_open=True,
+        hint="Use 0.5, or sqrt(8 ln K / T) for T rounds.",
     )
-
-    def __post_init__(self) -> None:
-        self._set(
-            "eta",
-            check_real("eta", self.eta, low=0.0, low_open=True, hint="Use 0.5, or sqrt(8 ln K / T) for T rounds."),
-        )
 
 
 @register_policy
@@ -76,27 +75,22 @@ class Hedge(Policy):
     name = "hedge"
     full_information = True
     settings_class = HedgeSettings
-    eta = setting("eta")
+    max_reward = 1.0
+    arm_state = {"observed_sums": float, "observed_counts": int}
+    observed_sums: list[float]
+    observed_counts: list[int]
 
     def __init__(self, eta: float = 0.5, *, seed: int | None = None) -> None:
-        super().__init__(seed=seed)
-        self.settings = HedgeSettings(eta=eta)
-        self.observed_sums: list[float] = []
-        self.observed_counts: list[int] = []
+        self._configure(seed, eta=eta)
         self._pending: tuple[int, float] | None = None  # partial observation of this round, applied at `select`
         self._covered: set[int] = set()  # arms reported by `update_all` since the last `select`
 
     def reset(self, num_arms: int) -> None:
         super().reset(num_arms)
-        self.observed_sums = [0.0] * num_arms
-        self.observed_counts = [0] * num_arms
         self._pending = None
         self._covered = set()
 
     # ------------------------------------------------------------------ observations
-    def reward_bound(self) -> float:
-        return 1.0
-
     def _observe(self, arm: int, reward: float) -> None:
         super()._observe(arm, reward)  # counts the pull
         if arm not in self._covered:
@@ -160,16 +154,12 @@ class Hedge(Policy):
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        state["observed_sums"] = list(self.observed_sums)
-        state["observed_counts"] = list(self.observed_counts)
         state["pending"] = list(self._pending) if self._pending is not None else None
         state["covered"] = sorted(self._covered)
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
-        self.observed_sums = [float(x) for x in state["observed_sums"]]
-        self.observed_counts = [int(x) for x in state["observed_counts"]]
         pending = state["pending"]
         self._pending = (int(pending[0]), float(pending[1])) if pending is not None else None
         self._covered = {int(a) for a in state["covered"]}

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._validation import check_int, check_real
-from .base import Policy, PolicySettings, setting
+from .base import PolicySettings, _log_or_zero, setting
 from .registry import register_policy
 from .ucb import UCB
 
@@ -20,16 +20,16 @@ __all__ = ["SlidingWindowUCB", "SlidingWindowUCBSettings"]
 class SlidingWindowUCBSettings(PolicySettings):
     """Settings of `SlidingWindowUCB`."""
 
-    window: int = dataclasses.field(
-        default=500, metadata={"help": "rounds remembered, >= 1; smaller adapts faster but re-explores more"}
+    window: int = setting(
+        500,
+        "rounds remembered, >= 1; smaller adapts faster but re-explores more",
+        check_int,
+        low=1,
+        hint="Use 500 (rounds remembered).",
     )
-    beta: float = dataclasses.field(
-        default=0.25, metadata={"help": "exploration weight beta >= 0; larger explores more, 0 is greedy"}
+    beta: float = setting(
+        0.25, "exploration weight beta >= 0; larger explores more, 0 is greedy", check_real, low=0.0, hint="Use 0.25."
     )
-
-    def __post_init__(self) -> None:
-        self._set("beta", check_real("beta", self.beta, low=0.0, hint="Use 0.25."))
-        self._set("window", check_int("window", self.window, low=1, hint="Use 500 (rounds remembered)."))
 
 
 @register_policy
@@ -74,11 +74,9 @@ class SlidingWindowUCB(UCB):
 
     name = "sliding_window_ucb"
     settings_class = SlidingWindowUCBSettings
-    window = setting("window")
 
     def __init__(self, window: int = 500, beta: float = 0.25, *, seed: int | None = None) -> None:
-        Policy.__init__(self, seed=seed)  # not UCB.__init__: it only builds UCB's own settings
-        self.settings = SlidingWindowUCBSettings(window=window, beta=beta)
+        self._configure(seed, window=window, beta=beta)
         self.history: deque[tuple[int, float]] = deque(maxlen=self.window)
         self._wcounts: list[int] = []
         self._wsums: list[float] = []
@@ -125,7 +123,7 @@ class SlidingWindowUCB(UCB):
             counts = [n + p for n, p in zip(counts, self.prior_counts)]
             sums = [s + p for s, p in zip(sums, self.prior_sums)]
             horizon += sum(self.prior_counts)
-        log_h = math.log(horizon) if horizon > 1 else 0.0
+        log_h = _log_or_zero(horizon)
         return [s / n + self.beta * math.sqrt(2.0 * log_h / n) if n else math.inf for s, n in zip(sums, counts)]
 
     def state_dict(self) -> dict[str, Any]:

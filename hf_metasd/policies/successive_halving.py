@@ -17,14 +17,13 @@ __all__ = ["SuccessiveHalving", "SuccessiveHalvingSettings"]
 class SuccessiveHalvingSettings(PolicySettings):
     """Settings of `SuccessiveHalving`."""
 
-    budget: int = dataclasses.field(
-        default=10, metadata={"help": "rounds per drafter in the first phase, >= 1; larger explores longer"}
+    budget: int = setting(
+        10,
+        "rounds per drafter in the first phase, >= 1; larger explores longer",
+        check_int,
+        low=1,
+        hint="Use 10 (rounds per drafter in the first phase).",
     )
-
-    def __post_init__(self) -> None:
-        self._set(
-            "budget", check_int("budget", self.budget, low=1, hint="Use 10 (rounds per drafter in the first phase).")
-        )
 
 
 @register_policy
@@ -72,11 +71,9 @@ class SuccessiveHalving(Policy):
     name = "successive_halving"
     settings_class = SuccessiveHalvingSettings
     supports_prior = True
-    budget = setting("budget")
 
     def __init__(self, budget: int = 10, *, seed: int | None = None) -> None:
-        super().__init__(seed=seed)
-        self.settings = SuccessiveHalvingSettings(budget=budget)
+        self._configure(seed, budget=budget)
         self.survivors: list[int] = []
         self.phase = 0
         self._cursor = 0  # index into `survivors` of the drafter that drafts now

@@ -15,35 +15,22 @@ __all__ = ["ThompsonSampling", "ThompsonSamplingSettings"]
 class ThompsonSamplingSettings(PolicySettings):
     """Settings of `ThompsonSampling`."""
 
-    prior_alpha: float = dataclasses.field(
-        default=1.0, metadata={"help": "Beta prior pseudo-successes alpha_0 > 0 (shared by every drafter)"}
+    prior_alpha: float = setting(
+        1.0,
+        "Beta prior pseudo-successes alpha_0 > 0 (shared by every drafter)",
+        check_real,
+        low=0.0,
+        low_open=True,
+        hint="Use 1.0 (a uniform prior with prior_beta=1).",
     )
-    prior_beta: float = dataclasses.field(
-        default=1.0,
-        metadata={"help": "Beta prior pseudo-failures beta_0 > 0; larger alpha_0 + beta_0 explores less early on"},
+    prior_beta: float = setting(
+        1.0,
+        "Beta prior pseudo-failures beta_0 > 0; larger alpha_0 + beta_0 explores less early on",
+        check_real,
+        low=0.0,
+        low_open=True,
+        hint="Use 1.0 (a uniform prior with prior_alpha=1).",
     )
-
-    def __post_init__(self) -> None:
-        self._set(
-            "prior_alpha",
-            check_real(
-                "prior_alpha",
-                self.prior_alpha,
-                low=0.0,
-                low_open=True,
-                hint="Use 1.0 (a uniform prior with prior_beta=1).",
-            ),
-        )
-        self._set(
-            "prior_beta",
-            check_real(
-                "prior_beta",
-                self.prior_beta,
-                low=0.0,
-                low_open=True,
-                hint="Use 1.0 (a uniform prior with prior_alpha=1).",
-            ),
-        )
 
 
 @register_policy
@@ -88,15 +75,10 @@ class ThompsonSampling(Policy):
     name = "thompson"
     settings_class = ThompsonSamplingSettings
     supports_prior = True
-    prior_alpha = setting("prior_alpha")
-    prior_beta = setting("prior_beta")
+    max_reward = 1.0
 
     def __init__(self, prior_alpha: float = 1.0, prior_beta: float = 1.0, *, seed: int | None = None) -> None:
-        super().__init__(seed=seed)
-        self.settings = ThompsonSamplingSettings(prior_alpha=prior_alpha, prior_beta=prior_beta)
-
-    def reward_bound(self) -> float:
-        return 1.0
+        self._configure(seed, prior_alpha=prior_alpha, prior_beta=prior_beta)
 
     def posterior(self) -> list[tuple[float, float]]:
         r""":math:`(\alpha_i, \beta_i)` for every drafter (per-drafter priors included)."""

@@ -6,7 +6,7 @@ import dataclasses
 import math
 
 from .._validation import check_real
-from .base import Policy, PolicySettings, setting
+from .base import IndexPolicy, PolicySettings, setting
 from .registry import register_policy
 
 __all__ = ["UCB", "UCBSettings"]
@@ -16,16 +16,17 @@ __all__ = ["UCB", "UCBSettings"]
 class UCBSettings(PolicySettings):
     """Settings of `UCB`."""
 
-    beta: float = dataclasses.field(
-        default=1.0, metadata={"help": "exploration weight beta >= 0; larger explores more, 0 is greedy on the means"}
+    beta: float = setting(
+        1.0,
+        "exploration weight beta >= 0; larger explores more, 0 is greedy on the means",
+        check_real,
+        low=0.0,
+        hint="Use 1.0 (the paper's default).",
     )
-
-    def __post_init__(self) -> None:
-        self._set("beta", check_real("beta", self.beta, low=0.0, hint="Use 1.0 (the paper's default)."))
 
 
 @register_policy
-class UCB(Policy):
+class UCB(IndexPolicy):
     r"""MetaSD-UCB.
 
     Pull every drafter once (in pool order), then at each round pick
@@ -57,28 +58,16 @@ class UCB(Policy):
     name = "ucb"
     settings_class = UCBSettings
     supports_prior = True
-    beta = setting("beta")
+    max_reward = 1.0
 
     def __init__(self, beta: float = 1.0, *, seed: int | None = None) -> None:
-        super().__init__(seed=seed)
-        self.settings = UCBSettings(beta=beta)
-
-    def reward_bound(self) -> float:
-        return 1.0
+        self._configure(seed, beta=beta)
 
     def scores(self) -> list[float]:
         """The UCB index of every arm (``inf`` for arms never pulled); variants override it, `select` stays."""
         self._check_ready()
-        total = self.t + sum(self.prior_counts)
-        log_t = math.log(total) if total > 1 else 0.0
+        log_t = self._log_rounds()
         return [
             mean + self.beta * math.sqrt(2.0 * log_t / n) if n else math.inf
             for mean, n in zip(self.means(), self.effective_counts())
         ]
-
-    def select(self) -> int:
-        self._check_ready()
-        untried = self._first_untried()
-        if untried is not None:
-            return untried
-        return self._argmax(self.scores())

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
-from typing import Any
 
 from .._validation import check_real
-from .base import Policy, PolicySettings, setting
+from .base import IndexPolicy, PolicySettings, setting
 from .registry import register_policy
 
 __all__ = ["UCBV", "UCBVSettings"]
@@ -18,26 +16,32 @@ __all__ = ["UCBV", "UCBVSettings"]
 class UCBVSettings(PolicySettings):
     """Settings of `UCBV`."""
 
-    zeta: float = dataclasses.field(
-        default=1.0, metadata={"help": "exploration scale zeta >= 0 on ln t; larger explores more, 0 is greedy"}
+    zeta: float = setting(
+        1.0,
+        "exploration scale zeta >= 0 on ln t; larger explores more, 0 is greedy",
+        check_real,
+        low=0.0,
+        hint="Use 1.0.",
     )
-    c: float = dataclasses.field(
-        default=1.0, metadata={"help": "weight c >= 0 of the range term 3 b zeta ln t / n; larger explores more"}
+    c: float = setting(
+        1.0,
+        "weight c >= 0 of the range term 3 b zeta ln t / n; larger explores more",
+        check_real,
+        low=0.0,
+        hint="Use 1.0.",
     )
-    b: float = dataclasses.field(
-        default=1.0, metadata={"help": "reward range b > 0: rewards must lie in [0, b]; larger explores more"}
+    b: float = setting(
+        1.0,
+        "reward range b > 0: rewards must lie in [0, b]; larger explores more",
+        check_real,
+        low=0.0,
+        low_open=True,
+        hint="Use 1.0 (the range of the built-in rewards).",
     )
-
-    def __post_init__(self) -> None:
-        self._set("zeta", check_real("zeta", self.zeta, low=0.0, hint="Use 1.0."))
-        self._set("c", check_real("c", self.c, low=0.0, hint="Use 1.0."))
-        self._set(
-            "b", check_real("b", self.b, low=0.0, low_open=True, hint="Use 1.0 (the range of the built-in rewards).")
-        )
 
 
 @register_policy
-class UCBV(Policy):
+class UCBV(IndexPolicy):
     r"""UCB-V: UCB with an empirical-Bernstein bonus.
 
     Pull every drafter once (in pool order), then at each round pick
@@ -91,18 +95,11 @@ class UCBV(Policy):
     name = "ucb_v"
     settings_class = UCBVSettings
     supports_prior = True
-    zeta = setting("zeta")
-    c = setting("c")
-    b = setting("b")
+    arm_state = {"sq_sums": float}
+    sq_sums: list[float]
 
     def __init__(self, zeta: float = 1.0, c: float = 1.0, b: float = 1.0, *, seed: int | None = None) -> None:
-        super().__init__(seed=seed)
-        self.settings = UCBVSettings(zeta=zeta, c=c, b=b)
-        self.sq_sums: list[float] = []
-
-    def reset(self, num_arms: int) -> None:
-        super().reset(num_arms)
-        self.sq_sums = [0.0] * num_arms
+        self._configure(seed, zeta=zeta, c=c, b=b)
 
     def reward_bound(self) -> float:
         return self.b
@@ -129,26 +126,8 @@ class UCBV(Policy):
     def scores(self) -> list[float]:
         """The UCB-V index of every drafter (``inf`` for drafters never pulled and without a prior)."""
         self._check_ready()
-        total = self.t + sum(self.prior_counts)
-        log_t = math.log(total) if total > 1 else 0.0
-        e = self.zeta * log_t
+        e = self.zeta * self._log_rounds()
         return [
             mean + math.sqrt(2.0 * var * e / n) + self.c * 3.0 * self.b * e / n if n else math.inf
             for mean, var, n in zip(self.means(), self.variances(), self.effective_counts())
         ]
-
-    def select(self) -> int:
-        self._check_ready()
-        untried = self._first_untried()
-        if untried is not None:
-            return untried
-        return self._argmax(self.scores())
-
-    def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        state["sq_sums"] = list(self.sq_sums)
-        return state
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.sq_sums = [float(x) for x in state["sq_sums"]]

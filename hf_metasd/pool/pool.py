@@ -16,6 +16,7 @@ or any Hub call is made.
 
 from __future__ import annotations
 
+import inspect
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -209,19 +210,14 @@ class DrafterPool:
         Returns:
             The push's commit info with `push_to_hub`, else ``None``.
         """
+        hub = _hub_arguments(model_card_kwargs=model_card_kwargs, **push_to_hub_kwargs) if push_to_hub else None
         config, writes = self._plan(store_weights=store_weights, for_hub=push_to_hub, tokenizer=tokenizer)
         save_directory = Path(save_directory)
         card_kwargs = dict(model_card_kwargs or {})
         card_kwargs.setdefault("repo_id", repo_id)
         self._save_pretrained(save_directory, config=config, writes=writes, model_card_kwargs=card_kwargs)
-        if push_to_hub:
-            return self._push(
-                repo_id or save_directory.name,
-                config,
-                writes,
-                model_card_kwargs=model_card_kwargs,
-                **push_to_hub_kwargs,
-            )
+        if hub is not None:
+            return self._push(repo_id or save_directory.name, config, writes, hub)
         return None
 
     def _save_pretrained(
@@ -263,41 +259,25 @@ class DrafterPool:
         local folders cannot be resolved from the Hub and are refused: push those drafters with `store_weights=True`.
         """
         config, writes = self._plan(store_weights=store_weights, for_hub=True, tokenizer=tokenizer)
-        return self._push(
-            repo_id,
-            config,
-            writes,
-            commit_message=commit_message,
-            private=private,
-            token=token,
-            branch=branch,
-            create_pr=create_pr,
-            allow_patterns=allow_patterns,
-            ignore_patterns=ignore_patterns,
-            delete_patterns=delete_patterns,
-            model_card_kwargs=model_card_kwargs,
-        )
+        hub = {
+            "commit_message": commit_message,
+            "private": private,
+            "token": token,
+            "branch": branch,
+            "create_pr": create_pr,
+            "allow_patterns": allow_patterns,
+            "ignore_patterns": ignore_patterns,
+            "delete_patterns": delete_patterns,
+            "model_card_kwargs": model_card_kwargs,
+        }
+        return self._push(repo_id, config, writes, hub)
 
-    def _push(
-        self,
-        repo_id: str,
-        config: DrafterPoolConfig,
-        writes: _Writes,
-        *,
-        commit_message: str = "Upload MetaSD drafter pool",
-        private: bool | None = None,
-        token: str | None = None,
-        branch: str | None = None,
-        create_pr: bool | None = None,
-        allow_patterns: list[str] | str | None = None,
-        ignore_patterns: list[str] | str | None = None,
-        delete_patterns: list[str] | str | None = None,
-        model_card_kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        """Execute a plan into a temporary folder and upload it as one commit."""
-        api = HfApi(token=token)
-        repo_id = api.create_repo(repo_id=repo_id, private=private, exist_ok=True).repo_id
-        card_kwargs = dict(model_card_kwargs or {})
+    def _push(self, repo_id: str, config: DrafterPoolConfig, writes: _Writes, hub: dict[str, Any]) -> Any:
+        """Execute a plan into a temporary folder and upload it as one commit; `hub` holds every Hub argument of
+        `push_to_hub` (see `_hub_arguments`)."""
+        api = HfApi(token=hub["token"])
+        repo_id = api.create_repo(repo_id=repo_id, private=hub["private"], exist_ok=True).repo_id
+        card_kwargs = dict(hub["model_card_kwargs"] or {})
         card_kwargs.setdefault("repo_id", repo_id)
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp) / "pool"
@@ -306,12 +286,12 @@ class DrafterPool:
                 repo_id=repo_id,
                 repo_type="model",
                 folder_path=folder,
-                commit_message=commit_message,
-                revision=branch,
-                create_pr=create_pr,
-                allow_patterns=allow_patterns,
-                ignore_patterns=ignore_patterns,
-                delete_patterns=delete_patterns,
+                commit_message=hub["commit_message"],
+                revision=hub["branch"],
+                create_pr=hub["create_pr"],
+                allow_patterns=hub["allow_patterns"],
+                ignore_patterns=hub["ignore_patterns"],
+                delete_patterns=hub["delete_patterns"],
             )
 
     def generate_model_card(self, *args: Any, config: DrafterPoolConfig | None = None, **kwargs: Any) -> ModelCard:
@@ -340,7 +320,8 @@ class DrafterPool:
             target: the target model (early-exit drafters use its layers; shared embeddings are re-attached to it;
                 every drafter is checked against its vocabulary).
             tokenizer: the target's tokenizer (optional): when the pool recorded a tokenizer fingerprint, they must
-                match (checked before any drafter is built).
+                match (checked before any drafter is built). Drafters with a tokenizer of their own need it to load
+                (`LoadContext.tokenizer`), unless the pool stores a copy.
             revision, token, cache_dir, force_download, local_files_only: as in huggingface_hub; `token` is also used
                 for the drafters the pool references.
 
@@ -410,7 +391,8 @@ class DrafterPool:
         cache_dir: str | os.PathLike | None = None,
         tokenizer: Any = None,
     ) -> DrafterPool:
-        """Build the pool described by `config` for `target`; stored entries are read from the folder `root`."""
+        """Build the pool described by `config` for `target`; stored entries are read from the folder `root`;
+        `tokenizer` is the target's (see `from_pretrained`)."""
         if not isinstance(target, torch.nn.Module) or not hasattr(target, "config"):
             raise TypeError(
                 f"`target` must be the target model (a transformers causal LM), but is {type(target).__name__}. "
@@ -419,7 +401,9 @@ class DrafterPool:
         config.validate()
         _check_tokenizer(config, tokenizer)
         hub = {k: v for k, v in {"token": token, "cache_dir": cache_dir}.items() if v is not None}
-        ctx = LoadContext(None if root is None else Path(root), target=target, hub=hub, specs=config.drafters)
+        ctx = LoadContext(
+            None if root is None else Path(root), target=target, hub=hub, specs=config.drafters, tokenizer=tokenizer
+        )
         drafters: list[Drafter] = []
         for i, spec in enumerate(config.drafters):
             ctx.position = i
@@ -440,6 +424,25 @@ class DrafterPool:
         pool.tokenizer_hash = config.tokenizer_hash
         pool.target_id = config.target or pool.target_id
         return pool
+
+
+def _hub_arguments(**kwargs: Any) -> dict[str, Any]:
+    """Every Hub argument of `push_to_hub` (all but `repo_id`, `store_weights`, `tokenizer`): the ones given, the rest
+    at its defaults. What `save_pretrained(push_to_hub=True, ...)` forwards is checked here, before any Hub call.
+    `push_to_hub`'s signature is the one place these arguments and their defaults are written."""
+    parameters = inspect.signature(DrafterPool.push_to_hub).parameters
+    names = [name for name in parameters if name not in _PUSH_PLAN_ARGUMENTS]
+    unknown = [key for key in kwargs if key not in names]
+    if unknown:
+        raise TypeError(
+            f"`push_to_hub_kwargs` must be Hub arguments of `push_to_hub` {names}, but has unknown {unknown[0]!r}. "
+            "See `help(DrafterPool.push_to_hub)`."
+        )
+    return {name: kwargs.get(name, parameters[name].default) for name in names}
+
+
+#: `push_to_hub`'s arguments that are not Hub arguments (they shape the plan, or name the repo).
+_PUSH_PLAN_ARGUMENTS = ("self", "repo_id", "store_weights", "tokenizer")
 
 
 def _check_tokenizer(config: DrafterPoolConfig, tokenizer: Any) -> None:

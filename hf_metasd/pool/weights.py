@@ -6,9 +6,11 @@ pool's own code never names a kind:
 * `SaveContext`: what planning a save threads through every entry: `store_weights`, `for_hub`, the pool's target,
   the scheduled writes (callables taking the pool root, run only once the whole pool is planned and valid), unique
   folder names, a registry of shared things already planned (a LoRA base stored once for several entries), and
-  helpers several kinds use (`reference`, `shares_target_embeddings`, `head`, `save_model`, `save_adapter`).
-* `LoadContext`: the pool root, the target, the Hub arguments, a cache of loaded bases shared across entries, and the
-  helpers to read an entry (`resolve`, `head_ids`, `dtype`, `load_base`, `load_model`, `reading`).
+  helpers several kinds use (`reference`, `model_reference`, `shares_target_embeddings`, `head`, `save_model`,
+  `save_adapter`).
+* `LoadContext`: the pool root, the target, the target's tokenizer (when the load was given one), the Hub arguments,
+  a cache of loaded bases shared across entries, and the helpers to read an entry (`resolve`, `head_ids`, `dtype`,
+  `load_base`, `load_model`, `reading`, `build`).
 
 Stored files: a model is ``config.json`` + ``model.safetensors`` (without the embedding and LM head when they are the
 target's), an adapter is peft's ``adapter_config.json`` + ``adapter_model.safetensors``, a restricted head is
@@ -25,7 +27,7 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import torch
 from huggingface_hub import snapshot_download
@@ -34,11 +36,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..drafters import target_vocab_size
-from ..errors import DrafterCompatibilityError, InvalidPoolError
+from ..errors import DrafterCompatibilityError, InvalidPoolError, MetaSDConfigError
 from .config import CONFIG_NAME, DrafterSpec
 
 if TYPE_CHECKING:
     from ..drafters import Drafter
+
+D = TypeVar("D", bound="Drafter")
 
 __all__ = [
     "ADAPTER_CONFIG_NAME",
@@ -46,6 +50,7 @@ __all__ = [
     "HEAD_TOKEN_IDS_NAME",
     "WEIGHTS_NAME",
     "LoadContext",
+    "ModelPlan",
     "SaveContext",
     "base_state_dict",
     "is_local_reference",
@@ -155,6 +160,17 @@ def is_local_reference(path: str) -> bool:
     return os.path.isabs(path) or path.startswith((".", "~")) or Path(path).expanduser().exists()
 
 
+class ModelPlan(NamedTuple):
+    """How `SaveContext.model_reference` plans a drafter's model: the entry's `stored`, `path` and `revision`, the
+    folder the entry's files go to, and whether the stored weights leave out the target's embeddings."""
+
+    stored: bool
+    path: str | None
+    revision: str | None
+    folder: str
+    share_target_embeddings: bool
+
+
 @dataclass
 class SaveContext:
     """What planning one save threads through every pool entry (`Drafter.to_spec`); nothing is written while planning.
@@ -228,6 +244,24 @@ class SaveContext:
                 "`store_weights=True`, or load the drafter from the Hub first."
             )
         return False, path, source.get("revision")
+
+    def model_reference(self, drafter: Drafter, model: torch.nn.Module, *, share_embeddings: bool) -> ModelPlan:
+        """Plan `model` (the drafter's causal LM) as `reference` does, in the folder ``drafters/<name>``.
+
+        A reference points to the model's own ``name_or_path`` unless the drafter was loaded from elsewhere, with the
+        commit it came from; a stored model is scheduled into the folder (without the target's embedding and LM head
+        when `share_embeddings` allows it and they are the target's).
+        """
+        default = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None) or None
+        store, path, revision = self.reference(drafter, self.where(drafter), default)
+        if revision is None and not store and path == default:
+            revision = getattr(model.config, "_commit_hash", None)
+        folder = self.folder("drafters", drafter.name)
+        share = store and share_embeddings and self.shares_target_embeddings(model, drafter)
+        if store:
+            self.save_model(model, folder, drop_embeddings=share)
+            path = folder
+        return ModelPlan(store, path, revision, folder, share)
 
     def shares_target_embeddings(self, model: torch.nn.Module, drafter: Drafter) -> bool:
         """Whether `model` (the drafter's) uses the target's embedding and LM head, so that they are not stored."""
@@ -331,6 +365,8 @@ class LoadContext:
         bases: models loaded so far that later entries may share, by a key their kind chooses (e.g. one LoRA base
             for several entries).
         position: index in `specs` of the entry being loaded (set by the pool; `where` looks there first).
+        tokenizer: the target's tokenizer the pool is loaded with (``DrafterPool.from_pretrained(...,
+            tokenizer=)``), or ``None``; a kind that drafts with a tokenizer of its own reads the target's here.
 
     Example:
         >>> spec = DrafterSpec("prompt_lookup", "pl")
@@ -345,6 +381,7 @@ class LoadContext:
     specs: Sequence[DrafterSpec] = ()
     bases: dict[Hashable, Any] = field(default_factory=dict)
     position: int = 0
+    tokenizer: Any = None
 
     def where(self, spec: DrafterSpec) -> str:
         """``drafter 'name' (drafters[i])``: how messages name an entry of the config."""
@@ -361,6 +398,22 @@ class LoadContext:
             f"{self.where(spec)} must have `params` that `{cls.__name__}` accepts, but {spec.params!r} fails: {err} "
             "Fix `params` in config.json."
         )
+
+    def build(self, spec: DrafterSpec, cls: type[D], construct: Callable[[], D]) -> D:
+        """``construct()``, the drafter of `spec`, with its `Drafter.source` set from `spec`.
+
+        A `TypeError` or `ValueError` of the constructor becomes `bad_params` (an `InvalidPoolError` naming the
+        entry); hf_metasd's own errors (`MetaSDConfigError`, such as `DrafterCompatibilityError`, and
+        `InvalidPoolError`) pass through as they are.
+        """
+        try:
+            drafter = construct()
+        except (MetaSDConfigError, InvalidPoolError):
+            raise
+        except (TypeError, ValueError) as err:
+            raise self.bad_params(spec, cls, err) from err
+        drafter.source = self.source(spec)
+        return drafter
 
     @contextmanager
     def reading(self, where: str, file: str | os.PathLike) -> Iterator[None]:
