@@ -167,6 +167,7 @@ def choose_verification_kernel(
     *,
     repeats: int = 3,
     margin: float = 0.03,
+    slice_features: int = 4096,
     timer: Callable[[], float] = time.perf_counter,
 ) -> KernelChoice:
     r"""Time the stock and the transposed product on `model`'s layers and keep the faster (cached per process).
@@ -184,6 +185,7 @@ def choose_verification_kernel(
         rows: the verification row counts of the call (e.g. ``[N + 1]``), each in ``[2, DEFAULT_MAX_ROWS]``.
         repeats: timed runs per product, layer group and row count.
         margin: relative advantage the transposed product needs.
+        slice_features: a layer with more output features is timed on that many of its rows, scaled up.
         timer: the clock of the timed products (injectable for tests).
 
     Example:
@@ -207,7 +209,12 @@ def choose_verification_kernel(
     totals = {"stock": 0.0, "skinny": 0.0}
     generator = torch.Generator().manual_seed(0)
     for layer, count in groups.values():
-        weight, bias = layer.weight, layer.bias
+        # a layer with many output features (the LM head) is timed on its first `slice_features` rows and scaled:
+        # both products are linear in the output features, and this keeps the measurement at tens of milliseconds
+        rows_kept = min(layer.out_features, slice_features)
+        scale = layer.out_features / rows_kept
+        weight = layer.weight[:rows_kept]
+        bias = None if layer.bias is None else layer.bias[:rows_kept]
 
         def stock(x: torch.Tensor, weight: torch.Tensor = weight, bias: Any = bias) -> torch.Tensor:
             return torch.nn.functional.linear(x, weight, bias)
@@ -226,7 +233,7 @@ def choose_verification_kernel(
                     fn(x)
                     samples[name].append(timer() - start)
             for name in totals:
-                totals[name] += count * statistics.median(samples[name])
+                totals[name] += count * scale * statistics.median(samples[name])
     kernel = "skinny" if totals["skinny"] < (1.0 - margin) * totals["stock"] else "stock"
     choice = KernelChoice(kernel, totals["stock"], totals["skinny"], True, time.perf_counter() - started)
     with _CHOICES_LOCK:

@@ -125,8 +125,20 @@ def fixed_rounds(rows: list[tuple[int, int, float]], n: int) -> tuple[int, int]:
 
 
 @torch.no_grad()
-def verify_costs(target, prompt: list[int], n: int, repeats: int = 15) -> dict[int, float]:
-    """Median seconds of a target forward over k = 1..n+1 tokens after `prompt` (with a cache), this machine."""
+def verify_costs(target, prompt: list[int], n: int, repeats: int = 15, rows: int = 4) -> dict[int, float]:
+    """Median seconds of a target forward over k = 1..n+1 tokens after `prompt` (with a cache), this machine, under
+    the verification kernel `hf_metasd.generate` chooses on this machine for `rows`-token passes."""
+    from contextlib import nullcontext
+
+    from hf_metasd.kernels import choose_verification_kernel, skinny_linear
+
+    choice = choose_verification_kernel(target, [rows])
+    print(f"verification kernel: {choice}", flush=True)
+    with skinny_linear(target) if choice.kernel == "skinny" else nullcontext():
+        return _verify_costs(target, prompt, n, repeats)
+
+
+def _verify_costs(target, prompt: list[int], n: int, repeats: int) -> dict[int, float]:
     from transformers import DynamicCache
 
     costs = {}

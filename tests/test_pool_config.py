@@ -17,7 +17,7 @@ from hf_metasd.errors import InvalidPoolError
 from hf_metasd.generation import DEFAULTS
 from hf_metasd.pool import FORMAT_VERSION, DrafterPool, DrafterPoolConfig, DrafterSpec
 
-EMBEDDED = Path(hf_metasd.__file__).parent / "data" / "pools" / "smollm2-135m-tasks" / "config.json"
+EMBEDDED = Path(__file__).parent / "data" / "pool_config_format1.json"  # the embedded pool as shipped before the pool/ layout
 
 
 def _data(**top) -> dict:
