@@ -115,14 +115,17 @@ def resolve_settings(
                 break
         else:
             out[key] = DEFAULTS[key]
-    if out["meta_policy"] is not call.get("meta_policy") and call.get("meta_policy_kwargs") is None:
-        # settings belong to the policy they came with: a policy from a lower level brings its own settings
-        level_kwargs = (
-            _config_value(generation_config, "meta_policy_kwargs")
-            if _config_value(generation_config, "meta_policy") is not None
-            else pool_defaults.get("meta_policy_kwargs")
-        )
-        out["meta_policy_kwargs"] = level_kwargs
+    # settings belong to the policy they came with: the policy's level also gives its settings (a call that names a
+    # policy without settings gets that policy's defaults, not the pool's settings for another policy)
+    levels = (
+        (call.get("meta_policy"), call.get("meta_policy_kwargs")),
+        (_config_value(generation_config, "meta_policy"), _config_value(generation_config, "meta_policy_kwargs")),
+        (pool_defaults.get("meta_policy"), pool_defaults.get("meta_policy_kwargs")),
+    )
+    for policy, kwargs in levels:
+        if policy is not None:
+            out["meta_policy_kwargs"] = kwargs if kwargs is not None else call.get("meta_policy_kwargs")
+            break
     return out
 
 

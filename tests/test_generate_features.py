@@ -318,3 +318,10 @@ def test_abstentions_are_not_pulls(target, target_copy):
     assert sum(stats.pulls) == sum(r is not None for r in stats.rewards)
     assert stats.pulls[0] == sum(1 for a, r in zip(stats.arms, stats.rewards) if a == 0 and r is not None)
     assert sum(0 in a for a in stats.abstained) >= 1
+
+
+def test_a_policy_named_per_call_does_not_take_the_pools_settings_for_another_policy(target, drafters):
+    pool = hf_metasd.DrafterPool(drafters, policy="ucb", policy_kwargs={"beta": 0.1})
+    stats = _stats(target, pool, meta_policy="ucb_v")  # the pool's beta means nothing to UCB-V
+    assert stats.policy == "ucb_v"
+    assert _stats(target, pool).policy == "ucb"  # and the pool's own policy keeps its settings
