@@ -17,7 +17,8 @@ from hf_metasd.errors import InvalidPoolError
 from hf_metasd.generation import DEFAULTS
 from hf_metasd.pool import FORMAT_VERSION, DrafterPool, DrafterPoolConfig, DrafterSpec
 
-EMBEDDED = Path(__file__).parent / "data" / "pool_config_format1.json"  # the embedded pool as shipped before the pool/ layout
+# the embedded pool as shipped before the pool/ layout
+EMBEDDED = Path(__file__).parent / "data" / "pool_config_format1.json"
 
 
 def _data(**top) -> dict:

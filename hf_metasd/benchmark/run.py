@@ -139,18 +139,29 @@ def load_models(models: str = "smollm2", dtype: str = "float32", threads: int = 
     return load_default_target(getattr(torch, dtype))
 
 
-def load_pool(target: Any, models: str = "smollm2", pool: str | None = None, dtype: str = "float32") -> Any:
-    """The embedded pool for SmolLM2 (or `pool`); for ``"qwen"``, Qwen2.5-Coder-0.5B + prompt lookup."""
+def load_pool(
+    target: Any, models: str = "smollm2", pool: str | None = None, dtype: str = "float32", tokenizer: Any = None
+) -> Any:
+    """The embedded pool for SmolLM2 (or `pool`). For ``"qwen"``, a heterogeneous pool for Qwen2.5-Coder-1.5B:
+    Qwen2.5-Coder-0.5B (same tokenizer: strong, costly), SmolLM2-135M-Instruct through `TokenizerBridgeDrafter`
+    (another tokenizer: cheap), the target's first 4 layers (early exit) and prompt lookup."""
     from .offline import load_embedded_pool
 
     if models != "qwen" or pool:
         return load_embedded_pool(target, pool)
-    from ..drafters import ModelDrafter, PromptLookupDrafter
+    from ..drafters import EarlyExitDrafter, ModelDrafter, PromptLookupDrafter, TokenizerBridgeDrafter
     from ..pool import DrafterPool
-    from .offline import load_qwen_coder
+    from .offline import load_default_target, load_qwen_coder
 
-    drafter, _ = load_qwen_coder("0.5b", getattr(torch, dtype))
-    return DrafterPool([ModelDrafter(drafter, name="qwen2.5-coder-0.5b"), PromptLookupDrafter()], target=target)
+    qwen, _ = load_qwen_coder("0.5b", getattr(torch, dtype))
+    smol, smol_tokenizer = load_default_target(getattr(torch, dtype))
+    drafters = [
+        ModelDrafter(qwen, name="qwen2.5-coder-0.5b"),
+        TokenizerBridgeDrafter(smol, smol_tokenizer, target_tokenizer=tokenizer, name="smollm2-135m"),
+        EarlyExitDrafter(target, num_layers=4),
+        PromptLookupDrafter(),
+    ]
+    return DrafterPool(drafters, target=target, tokenizer=tokenizer)
 
 
 def run_demo(
@@ -169,7 +180,7 @@ def run_demo(
     from .offline import chat_prompt
 
     target, tokenizer = load_models(models, dtype, threads)
-    drafters = load_pool(target, models, pool, dtype)
+    drafters = load_pool(target, models, pool, dtype, tokenizer)
     ids = chat_prompt(tokenizer, prompt)
     common = {"do_sample": False, "max_new_tokens": max_new_tokens, "pad_token_id": tokenizer.pad_token_id}
     warm = chat_prompt(tokenizer, "Hi")
@@ -233,7 +244,7 @@ def run_benchmark(
     if untrained:
         the_pool = DrafterPool(untrained_drafters(target, untrained), target=target)
     else:
-        the_pool = load_pool(target, models, pool, dtype)
+        the_pool = load_pool(target, models, pool, dtype, tokenizer)
     per_task = per_task if per_task is not None else (1 if quick else 3)
     max_new = max_new_tokens if max_new_tokens is not None else (48 if quick else 64)
     prompts = load_bench_prompts(tuple(tasks or BENCH_TASKS), per_task=per_task)
