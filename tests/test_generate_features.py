@@ -325,3 +325,19 @@ def test_a_policy_named_per_call_does_not_take_the_pools_settings_for_another_po
     stats = _stats(target, pool, meta_policy="ucb_v")  # the pool's beta means nothing to UCB-V
     assert stats.policy == "ucb_v"
     assert _stats(target, pool).policy == "ucb"  # and the pool's own policy keeps its settings
+
+
+@pytest.mark.parametrize("policy, expected", [("hedge", True), ("ucb", False)])
+def test_hedge_turns_full_information_on_by_itself(target, target_copy, drafters, policy, expected):
+    out = metasd_greedy(
+        target,
+        PROMPTS[1],
+        12,
+        assistant_models=[target_copy, drafters[1]],
+        meta_policy=policy,
+        return_dict_in_generate=True,
+    )
+    scored = out.metasd.counterfactual_rewards
+    assert bool(scored) is expected  # hedge scores the drafters that did not draft, without meta_full_information
+    if expected:
+        assert all(len(rewards) >= 1 for rewards in scored)
