@@ -12,7 +12,8 @@ mode) -> telemetry.
 
 Arms are the pool's drafters plus, when the reward is cost-aware (the default `speed`), the **no-draft arm**: a
 round the target decodes alone (one plain step, no drafter, no catch-up). With it the policy can learn that no
-drafter pays, and a pool of useless drafters converges to plain decoding speed instead of losing to it. The cost
+drafter pays, and over enough rounds a pool of useless drafters converges to plain decoding speed (how fast depends
+on the policy's exploration: UCB with beta = 1 needs far more than one 64-token answer). The cost
 unit of `speed` is the smoothed cost of a plain step: when it is not known yet (first call for a target), the first
 round after the prompt's prefill is a plain step (the *calibration round*, a pull of the no-draft arm), and the
 reward of the prefill round, whose wall time is dominated by the prompt, waits until its arm's cost is measured.

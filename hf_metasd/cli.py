@@ -62,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         metavar="K",
-        help="replace the pool by K untrained drafters (a pool that never helps: MetaSD must run at plain speed)",
+        help="replace the pool by K untrained drafters (a pool that never helps: shows how close MetaSD gets to plain speed)",
     )
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--tasks", nargs="*", default=None)
