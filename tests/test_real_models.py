@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -25,10 +26,14 @@ def real():
 
 def test_embedded_pool_is_shipped_and_loads(real):
     _, _, pool = real
-    assert embedded_pool_path().joinpath("config.json").is_file()
+    config = json.loads(embedded_pool_path().joinpath("config.json").read_text())
+    card = embedded_pool_path().joinpath("README.md").read_text()
     names = [d.name for d in pool.drafters]
-    assert names[:7] == ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag", "code"]
-    assert {d.kind for d in pool.drafters} == {"lora", "assistant_model", "prompt_lookup", "early_exit"}
+    assert names == [entry["name"] for entry in config["drafters"]]
+    assert names == ["prompt_lookup", "general", "corpus_mt_bench", "corpus_code"]
+    assert [d.kind for d in pool.drafters] == ["prompt_lookup", "assistant_model", "corpus", "corpus"]
+    assert all(f"`{name}`" in card for name in names)  # the card lists every arm
+    assert (pool.policy, pool.reward, pool.num_assistant_tokens) == ("ucb", "speed", 3)
 
 
 @pytest.mark.parametrize("policy", ["ucb", "thompson", "successive_halving"])
@@ -57,4 +62,4 @@ def test_demo_command_runs_and_reports_identical_output():
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "output identical to plain greedy: True" in result.stdout
-    assert "drafter per round:" in result.stdout and "speedup" in result.stdout
+    assert "arm per round:" in result.stdout and "speedup" in result.stdout
