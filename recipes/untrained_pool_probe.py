@@ -1,0 +1,78 @@
+"""How close a pool of useless drafters gets to plain speed, by exploration setting (dev prompts only).
+
+A pool of `--drafters` untrained 2-layer drafters of the target's vocabulary (plus the no-draft arm), the first dev
+prompt of each task (`recipes/generate_task_outputs.py`'s split: never a benchmark prompt, never a training prompt),
+greedy, `--max-new-tokens` tokens, a fresh policy per call. Prints the wall time of plain `generate` and of MetaSD
+under each policy setting, measured in one run on this machine, and checks every output against plain `generate`.
+
+    python recipes/untrained_pool_probe.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import hf_metasd
+from hf_metasd import DrafterPool
+from hf_metasd.benchmark.methods import untrained_drafters
+from hf_metasd.benchmark.offline import load_default_target
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT / "recipes"))
+from generate_task_outputs import task_split  # noqa: E402
+from train_drafters import TASKS  # noqa: E402
+
+SETTINGS = {
+    "ucb beta=1 (the generic default)": ("ucb", {}),
+    "ucb beta=0.1": ("ucb", {"beta": 0.1}),
+    "ucb beta=0.02": ("ucb", {"beta": 0.02}),
+    "ucb_v c=0.1": ("ucb_v", {"c": 0.1}),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", type=Path, default=REPO_ROOT.parent / "shared" / "data")
+    parser.add_argument("--drafters", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--settings", type=json.loads, default=SETTINGS, help="JSON: name -> [policy, kwargs]")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    target, tokenizer = load_default_target(torch.float32)
+    pool = DrafterPool(untrained_drafters(target, args.drafters), target=target)
+    prompts = [task_split(args.data_dir, task, tokenizer, 0, 10, 768)[0][0][1] for task in TASKS]
+    prompts = [torch.as_tensor(ids).reshape(1, -1) for ids in prompts]
+    common = {"do_sample": False, "max_new_tokens": args.max_new_tokens, "pad_token_id": tokenizer.pad_token_id}
+    target.generate(prompts[0], **common)  # warm-up: first-call costs (kernel choice, allocator) out of the timings
+    target.generate(prompts[0], custom_generate=hf_metasd.generate, assistant_models=pool, **common)
+    seconds = {"plain": 0.0, **dict.fromkeys(args.settings, 0.0)}
+    for ids in prompts:
+        start = time.perf_counter()
+        reference = target.generate(ids, **common)
+        seconds["plain"] += time.perf_counter() - start
+        for name, (policy, kwargs) in args.settings.items():
+            start = time.perf_counter()
+            out = target.generate(
+                ids,
+                custom_generate=hf_metasd.generate,
+                assistant_models=pool,
+                meta_policy=policy,
+                meta_policy_kwargs=kwargs,
+                **common,
+            )
+            seconds[name] += time.perf_counter() - start
+            if not torch.equal(out, reference):
+                raise SystemExit(f"{name} changed the output: a losslessness bug, please report it")
+    for name, value in seconds.items():
+        print(f"{name:>34}: {value:6.1f} s   {seconds['plain'] / value:.2f}x plain")
+
+
+if __name__ == "__main__":
+    main()
