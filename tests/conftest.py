@@ -1,10 +1,11 @@
-"""Shared fixtures: tiny Llama models built from config (no network), prompts, a lossless-check helper."""
+"""Shared fixtures: tiny Llama models built from config (no network), prompts, a lossless-check helper, stopping
+criteria that record what they saw, and a fixture that fails any attempt to reach the Hub."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, StoppingCriteria
 
 import hf_metasd
 
@@ -87,3 +88,61 @@ def _restore_generate():
     """Every test leaves transformers unpatched."""
     yield
     hf_metasd.disable()
+
+
+def lossless_under(
+    target, prompts, references, pool, policy: str, max_new_tokens: int, *, arm: int, what: str
+) -> list:
+    """Greedy MetaSD with `policy` (``fixed`` drafts with `arm`) over `pool`, N = 3, on every prompt: asserts each
+    output is its plain-`generate` reference and returns each call's `MetaSDStats`."""
+    stats = []
+    for prompt, reference in zip(prompts, references):
+        out = metasd_greedy(
+            target,
+            prompt,
+            max_new_tokens,
+            assistant_models=pool,
+            meta_policy=policy,
+            meta_policy_kwargs={"arm": arm} if policy == "fixed" else {},
+            num_assistant_tokens=3,
+            return_dict_in_generate=True,
+        )
+        assert torch.equal(out.sequences, reference), f"{policy} over {what} changed the greedy output"
+        stats.append(out.metasd)
+    return stats
+
+
+class StopAfter(StoppingCriteria):
+    """Fires once `n` tokens were added after the prompt; records the length of every sequence it is called with."""
+
+    def __init__(self, prompt_length: int, n: int):
+        self.prompt_length, self.n, self.calls = prompt_length, n, []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.calls.append(input_ids.shape[1])
+        return torch.full((input_ids.shape[0],), input_ids.shape[1] - self.prompt_length >= self.n, dtype=torch.bool)
+
+
+class StopOnToken(StoppingCriteria):
+    """Fires after `token`; records the length of every sequence it is called with."""
+
+    def __init__(self, token: int):
+        self.token, self.calls = token, []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.calls.append(input_ids.shape[1])
+        return input_ids[:, -1] == self.token
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any attempt to reach the Hub fails the test (tests that push install a fake `HfApi` over this one)."""
+    import hf_metasd.pool.pool as pool_module
+    from hf_metasd.pool import weights as weights_module
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a test tried to reach the Hugging Face Hub")
+
+    monkeypatch.setattr(pool_module, "snapshot_download", refuse)
+    monkeypatch.setattr(weights_module, "snapshot_download", refuse)
+    monkeypatch.setattr(pool_module, "HfApi", refuse)

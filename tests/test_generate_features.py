@@ -7,33 +7,14 @@ import time
 
 import pytest
 import torch
-from conftest import VOCAB, greedy, metasd_greedy, prompts, tiny_llama
-from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+from conftest import VOCAB, StopAfter, StopOnToken, greedy, metasd_greedy, prompts, tiny_llama
+from transformers import GenerationConfig, StoppingCriteriaList
 
 import hf_metasd
 from hf_metasd import MetaSDConfigError
 from hf_metasd.drafters import PromptLookupDrafter
 
 PROMPTS = prompts(6, seed=99)
-
-
-class StopAfter(StoppingCriteria):
-    """Fires once `n` tokens were added after the prompt; counts its calls like a stateful criterion would."""
-
-    def __init__(self, prompt_length: int, n: int):
-        self.prompt_length, self.n, self.calls = prompt_length, n, []
-
-    def __call__(self, input_ids, scores, **kwargs):
-        self.calls.append(input_ids.shape[1])
-        return torch.full((input_ids.shape[0],), input_ids.shape[1] - self.prompt_length >= self.n, dtype=torch.bool)
-
-
-class StopOnToken(StoppingCriteria):
-    def __init__(self, token: int):
-        self.token = token
-
-    def __call__(self, input_ids, scores, **kwargs):
-        return input_ids[:, -1] == self.token
 
 
 # ---------------------------------------------------------------------- stopping

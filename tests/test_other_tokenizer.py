@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import VOCAB, greedy, metasd_greedy, prompts, sharpen, tiny_llama
+from conftest import VOCAB, greedy, lossless_under, metasd_greedy, prompts, sharpen, tiny_llama
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import (
     AutoModelForCausalLM,
@@ -20,7 +20,6 @@ from transformers import (
 )
 
 import hf_metasd
-import hf_metasd.pool.pool as pool_module
 from hf_metasd.drafters import DRAFTER_KINDS, ModelDrafter, PromptLookupDrafter, tokenizer_fingerprint
 from hf_metasd.drafters.other_tokenizer import (
     Continuation,
@@ -32,7 +31,6 @@ from hf_metasd.drafters.other_tokenizer import (
 from hf_metasd.errors import DrafterCompatibilityError, InvalidPoolError
 from hf_metasd.policies import POLICY_REGISTRY
 from hf_metasd.pool import DrafterPool, DrafterPoolConfig
-from hf_metasd.pool import weights as weights_module
 
 MAX_NEW = 20
 PROMPTS = prompts(4, seed=31)
@@ -142,13 +140,7 @@ def references(target):
     return [greedy(target, p, MAX_NEW) for p in PROMPTS]
 
 
-@pytest.fixture(autouse=True)
-def _no_network(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("a test tried to reach the Hugging Face Hub")
-
-    monkeypatch.setattr(pool_module, "snapshot_download", refuse)
-    monkeypatch.setattr(weights_module, "snapshot_download", refuse)
+pytestmark = pytest.mark.usefixtures("no_network")
 
 
 def test_the_kind_is_registered_and_exported():
@@ -323,23 +315,9 @@ def mixed(target):
 
 @pytest.mark.parametrize("policy", sorted(POLICY_REGISTRY))
 def test_a_pool_mixing_tokenizers_is_lossless_under_every_policy(target, references, mixed, policy):
-    kwargs = {"arm": 0} if policy == "fixed" else {}
-    asked = set()
-    for prompt, reference in zip(PROMPTS, references):
-        out = metasd_greedy(
-            target,
-            prompt,
-            MAX_NEW,
-            assistant_models=mixed,
-            meta_policy=policy,
-            meta_policy_kwargs=kwargs,
-            num_assistant_tokens=3,
-            return_dict_in_generate=True,
-        )
-        assert torch.equal(out.sequences, reference), f"{policy} over a pool mixing tokenizers changed the output"
-        stats = out.metasd
-        asked |= {a for a, d in zip(stats.arms, stats.drafted) if d > 0}
-    assert stats.drafter_names == ["other_tok", "copy", "small", "prompt_lookup", "no_draft"]
+    calls = lossless_under(target, PROMPTS, references, mixed, policy, MAX_NEW, arm=0, what="a pool mixing tokenizers")
+    asked = {a for stats in calls for a, d in zip(stats.arms, stats.drafted) if d > 0}
+    assert calls[-1].drafter_names == ["other_tok", "copy", "small", "prompt_lookup", "no_draft"]
     assert asked & {0, 1}, f"{policy} never let an other-tokenizer arm draft"
 
 

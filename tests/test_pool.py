@@ -28,16 +28,7 @@ TASKS = ("chat", "translation", "summary", "qa", "math", "rag", "code")
 LORA = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False)
 
 
-@pytest.fixture(autouse=True)
-def _no_network(monkeypatch):
-    """Any attempt to reach the Hub fails the test (tests that push install a fake `HfApi`)."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a test tried to reach the Hugging Face Hub")
-
-    monkeypatch.setattr(pool_module, "snapshot_download", refuse)
-    monkeypatch.setattr(weights_module, "snapshot_download", refuse)
-    monkeypatch.setattr(pool_module, "HfApi", refuse)
+pytestmark = pytest.mark.usefixtures("no_network")
 
 
 def _shared_base(target, seed: int = 11):

@@ -28,20 +28,12 @@ from hf_metasd.drafters import (
 )
 from hf_metasd.errors import DrafterCompatibilityError, InvalidPoolError
 from hf_metasd.pool import DrafterPool, DrafterPoolConfig
-from hf_metasd.pool import weights as weights_module
 
 MAX_NEW = 12
 PROMPTS = prompts(2, seed=21)
 
 
-@pytest.fixture(autouse=True)
-def _no_network(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("a test tried to reach the Hugging Face Hub")
-
-    monkeypatch.setattr(pool_module, "snapshot_download", refuse)
-    monkeypatch.setattr(weights_module, "snapshot_download", refuse)
-    monkeypatch.setattr(pool_module, "HfApi", refuse)
+pytestmark = pytest.mark.usefixtures("no_network")
 
 
 def _files(folder: Path) -> list[str]:

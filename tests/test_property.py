@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import greedy, prompts, sharpen, tiny_llama
+from conftest import StopAfter, StopOnToken, greedy, prompts, sharpen, tiny_llama
 from peft import LoraConfig, get_peft_model
 from test_drafters import FACTORIES
 from transformers import StoppingCriteria, StoppingCriteriaList
@@ -65,28 +65,6 @@ POOLS = [*KINDS, "mixed"]
 REWARDS = ["speed", "bd", "eal"]
 TRIPLES = list(product(POLICIES, POOLS, REWARDS))
 PROMPTS = prompts(8, seed=4321)
-
-
-class StopAfter(StoppingCriteria):
-    """Fires once `n` tokens were added after the prompt; records the length of every sequence it is called with."""
-
-    def __init__(self, prompt_length: int, n: int):
-        self.prompt_length, self.n, self.calls = prompt_length, n, []
-
-    def __call__(self, input_ids, scores, **kwargs):
-        self.calls.append(input_ids.shape[1])
-        return torch.full((input_ids.shape[0],), input_ids.shape[1] - self.prompt_length >= self.n, dtype=torch.bool)
-
-
-class StopOnToken(StoppingCriteria):
-    """Fires after `token`; records the length of every sequence it is called with."""
-
-    def __init__(self, token: int):
-        self.token, self.calls = token, []
-
-    def __call__(self, input_ids, scores, **kwargs):
-        self.calls.append(input_ids.shape[1])
-        return input_ids[:, -1] == self.token
 
 
 def test_every_registered_kind_is_drawn():
