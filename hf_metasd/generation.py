@@ -45,7 +45,7 @@ __all__ = ["DEFAULTS", "SETTINGS", "MetaSDGenerateOutput", "disable", "enable", 
 #: The library's defaults for every MetaSD setting (the last level of the precedence above).
 DEFAULTS: dict[str, Any] = {
     "num_assistant_tokens": DEFAULT_NUM_ASSISTANT_TOKENS,
-    "meta_policy": "ucb",
+    "meta_policy": "ucb_scaled",
     "meta_policy_kwargs": None,
     "meta_reward": "speed",
     "meta_full_information": False,
@@ -354,7 +354,7 @@ def generate(
         assistant_models: the pool: a list mixing transformers causal LMs, peft models (one arm per adapter) and
             `Drafter` objects, or a `DrafterPool` (which brings its own defaults).
         meta_policy: a registered policy name (a fresh policy per call, as in the paper) or a `Policy` instance
-            (keeps learning across calls: the serving pattern). Default ``"ucb"``.
+            (keeps learning across calls: the serving pattern). Default: the pool's, else ``"ucb_scaled"``.
         meta_policy_kwargs: settings for a policy given by name, e.g. ``{"beta": 0.5}``.
         meta_reward: ``"speed"`` (default: tokens per second of the round, comparable with plain decoding), ``"bd"``,
             ``"be"``, ``"eal"``, ``"cost"`` or a callable ``f(RoundFeedback) -> float``.

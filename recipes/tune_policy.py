@@ -3,7 +3,7 @@
 The benchmark prompts (Spec-Bench, HumanEval) must not be used to tune anything, and the drafters were trained on
 `<data-dir>/train/<task>.jsonl`. This recipe takes, per task, the prompts `train_drafters.py` held out as its val
 split (same seed, same shuffle, same length filter: never trained on), runs them as one interleaved stream through
-`hf_metasd.bench` with a grid of settings, and prints speedups against autoregressive decoding measured in the
+`hf_metasd.benchmark` with a grid of settings, and prints speedups against autoregressive decoding measured in the
 same run. Every output must equal autoregressive greedy decoding (the run fails otherwise).
 
     python recipes/tune_policy.py                 # 2 prompts per task, 64 new tokens: ~10 min on 2 cores
@@ -23,10 +23,11 @@ from pathlib import Path
 import torch
 from train_drafters import shuffled_prompts  # recipes/ is on sys.path when this script runs
 
-from hf_metasd.bench import Method, _machine, build_methods, run_bench, summarize
-from hf_metasd.benchmark.offline import load_default_target
+from hf_metasd.benchmark.methods import Method, build_methods
+from hf_metasd.benchmark.offline import load_default_target, load_embedded_pool
 from hf_metasd.benchmark.prompts import BENCH_TASKS, BenchPrompt, mixed_stream
-from hf_metasd.cli import default_pool
+from hf_metasd.benchmark.report import machine, summarize
+from hf_metasd.benchmark.run import run_bench
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,19 +59,18 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target, tokenizer = load_default_target(torch.float32)
-    pool = default_pool(target)
+    pool = load_embedded_pool(target)
     names = [d.name for d in pool.drafters]
     prompts = dev_prompts(args.data_dir, tokenizer, args.per_task, args.seed, args.val_prompts, args.max_prompt_tokens)
 
     def with_length(policies: tuple, n: int) -> list[Method]:
-        """`hf_metasd.bench` methods for `policies` drafting `n` tokens per round, named with their length."""
+        """`hf_metasd.benchmark` methods for `policies` drafting `n` tokens per round, named with their length."""
         methods = build_methods(
             pool.drafters,
             num_assistant_tokens=n,
             policies=policies,
             transformers_baselines="none",
             fixed_baselines=False,
-            oracle=False,
         )
         return [replace(m, name=f"{m.name} N={n}") for m in methods if m.kind == "metasd"]
 
@@ -100,7 +100,7 @@ def main() -> None:
         )
     args.out.mkdir(parents=True, exist_ok=True)
     report = {
-        "machine": _machine(),
+        "machine": machine(),
         "prompts": [p.id for p in prompts],
         "max_new_tokens": args.max_new_tokens,
         "wall_seconds": time.perf_counter() - start,

@@ -101,7 +101,15 @@ def test_streamer_receives_the_tokens_through_enable(target, pools, references):
 
 def test_telemetry_adds_up(target, pools):
     prompt = PROMPTS[2]
-    out = metasd_greedy(target, prompt, 30, assistant_models=pools[2], return_dict_in_generate=True, meta_reward="bd")
+    out = metasd_greedy(
+        target,
+        prompt,
+        30,
+        assistant_models=pools[2],
+        return_dict_in_generate=True,
+        meta_reward="bd",
+        meta_policy="ucb",
+    )
     stats = out.metasd
     new_tokens = out.sequences.shape[1] - prompt.shape[1]
     assert isinstance(out, hf_metasd.MetaSDGenerateOutput)

@@ -40,6 +40,7 @@ BUILTINS = [
     "successive_halving",
     "thompson",
     "ucb",
+    "ucb_scaled",
     "ucb_v",
 ]
 NON_LEARNING = {"fixed", "random", "round_robin"}

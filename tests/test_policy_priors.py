@@ -15,6 +15,7 @@ from hf_metasd.policies import (
     DiscountedUCB,
     EpsilonGreedy,
     Policy,
+    ScaledUCB,
     SlidingWindowUCB,
     SuccessiveHalving,
     ThompsonSampling,
@@ -28,6 +29,7 @@ SUPPORTED = {
     "successive_halving",
     "thompson",
     "ucb",
+    "ucb_scaled",
     "ucb_v",
 }
 UNSUPPORTED = {"exp3", "fixed", "hedge", "random", "round_robin"}
@@ -123,12 +125,13 @@ def test_ucb_prior_by_hand():
     [
         lambda: UCB(beta=0.7),
         lambda: UCBV(c=0.5),
+        lambda: ScaledUCB(beta=0.7),
         lambda: DiscountedUCB(gamma=1.0, beta=0.7),
         lambda: SlidingWindowUCB(window=1000, beta=0.7),
         lambda: EpsilonGreedy(epsilon=0.0),
         lambda: ThompsonSampling(prior_alpha=2.0, prior_beta=0.5),
     ],
-    ids=["ucb", "ucb_v", "discounted_ucb", "sliding_window_ucb", "epsilon_greedy", "thompson"],
+    ids=["ucb", "ucb_v", "ucb_scaled", "discounted_ucb", "sliding_window_ucb", "epsilon_greedy", "thompson"],
 )
 def test_a_prior_is_exactly_weight_observations_at_its_mean(make):
     """A prior worth 3 observations at 0.5 on drafter 0 and 3 at 0.75 on drafter 2 reads like those 6 rounds."""

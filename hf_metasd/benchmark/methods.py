@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ..drafters import Drafter, ModelDrafter
+from ..generation import DEFAULTS
 from ..generation import generate as metasd_generate
 from ..policies import get_policy
 from .prompts import BenchPrompt
@@ -27,6 +28,7 @@ __all__ = ["DEFAULT_POLICIES", "Method", "build_methods", "transformers_assisted
 #: Policies compared besides the pool's defaults: (method name, policy, reward, extra `generate` kwargs).
 DEFAULT_POLICIES: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     ("ucb-speed", "ucb", "speed", {}),
+    ("ucb_scaled-speed", "ucb_scaled", "speed", {}),
     ("ucb_v-speed", "ucb_v", "speed", {}),
     ("ucb-bd", "ucb", "bd", {}),
     ("ucb-be", "ucb", "be", {}),
@@ -219,6 +221,8 @@ def build_methods(
         )
     if stream_policy:
         defaults = pool.generate_kwargs() if hasattr(pool, "generate_kwargs") else {}
-        shared = get_policy(defaults.get("meta_policy", "ucb"), **(defaults.get("meta_policy_kwargs") or {}))
+        shared = get_policy(
+            defaults.get("meta_policy", DEFAULTS["meta_policy"]), **(defaults.get("meta_policy_kwargs") or {})
+        )
         methods.append(Method("metasd (stream)", "metasd", metasd(meta_policy=shared)))
     return methods

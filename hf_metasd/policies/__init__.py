@@ -17,6 +17,7 @@ from .sliding_window_ucb import SlidingWindowUCB, SlidingWindowUCBSettings
 from .successive_halving import SuccessiveHalving, SuccessiveHalvingSettings
 from .thompson import ThompsonSampling, ThompsonSamplingSettings
 from .ucb import UCB, UCBSettings
+from .ucb_scaled import ScaledUCB, ScaledUCBSettings
 from .ucb_v import UCBV, UCBVSettings
 
 __all__ = [
@@ -37,6 +38,8 @@ __all__ = [
     "PolicySettings",
     "RandomPolicy",
     "RoundRobin",
+    "ScaledUCB",
+    "ScaledUCBSettings",
     "SlidingWindowUCB",
     "SlidingWindowUCBSettings",
     "SuccessiveHalving",
