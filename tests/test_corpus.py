@@ -449,5 +449,8 @@ def test_online_growth_through_generate_drafts_an_answer_seen_in_an_earlier_call
     first = metasd_greedy(target, prompt, 20, assistant_models=[drafter], return_dict_in_generate=True)
     assert torch.equal(first.sequences, reference) and sum(first.metasd.accepted) == 0  # nothing to draft from yet
     assert drafter.online_held_tokens == 20  # the generated part, not the prompt
-    second = metasd_greedy(target, prompt, 20, assistant_models=[drafter], return_dict_in_generate=True)
+    # the drafter alone (a fixed policy), so that what is tested is the corpus, not how soon a policy retries it
+    second = metasd_greedy(
+        target, prompt, 20, assistant_models=[drafter], return_dict_in_generate=True, meta_policy="fixed"
+    )
     assert torch.equal(second.sequences, reference) and sum(second.metasd.accepted) > 0
