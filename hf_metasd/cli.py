@@ -64,6 +64,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="K",
         help="replace the pool by K untrained drafters (a pool that never helps: shows how close MetaSD gets to plain speed)",
     )
+    p.add_argument(
+        "--policies",
+        nargs="*",
+        default=None,
+        metavar="METHOD",
+        help="the policy methods to compare besides `metasd` (names of hf_metasd.benchmark.methods.DEFAULT_POLICIES, "
+        "e.g. ucb-speed); none given: only `metasd` (default: all, or two with --quick / --untrained)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--tasks", nargs="*", default=None)
     p.add_argument("--out", default="bench_results")

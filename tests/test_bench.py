@@ -112,3 +112,14 @@ def test_sub_pool_methods_draft_only_with_their_drafters(bench_setup, target):
     assert sub and all(set(r.arms) <= {1, 2} and 1 in r.arms for r in sub)
     with pytest.raises(ValueError, match=r"`sub_pools` entries must name drafters of the pool \['qa', 'rag'\]"):
         build_methods(pool, sub_pools=[["code"]])
+
+
+def test_the_policies_option_selects_methods_and_refuses_unknown_names_before_loading_anything():
+    from hf_metasd.benchmark.methods import DEFAULT_POLICIES
+    from hf_metasd.benchmark.run import run_benchmark, select_policies
+
+    assert select_policies(None, DEFAULT_POLICIES[:2]) == tuple(DEFAULT_POLICIES[:2])
+    assert select_policies([], DEFAULT_POLICIES) == ()
+    assert [m[0] for m in select_policies(["exp3", "ucb-speed"], DEFAULT_POLICIES)] == ["ucb-speed", "exp3"]
+    with pytest.raises(ValueError, match=r"`--policies` must name methods of the benchmark, but names \['ucb'\]\. "):
+        run_benchmark(models="no-such-models", policies=["ucb"])  # raised before the models are loaded

@@ -209,6 +209,30 @@ def run_demo(
     return 0 if identical else 1
 
 
+def select_policies(names: Sequence[str] | None, default: Sequence[tuple]) -> tuple:
+    """The `DEFAULT_POLICIES` entries named in `names` (in their order), or `default` when `names` is None.
+
+    Example:
+        >>> from hf_metasd.benchmark.methods import DEFAULT_POLICIES
+        >>> [m[0] for m in select_policies(["ucb_scaled-speed", "ucb-speed"], DEFAULT_POLICIES)]
+        ['ucb-speed', 'ucb_scaled-speed']
+        >>> select_policies([], DEFAULT_POLICIES)
+        ()
+    """
+    from .methods import DEFAULT_POLICIES
+
+    if names is None:
+        return tuple(default)
+    known = [entry[0] for entry in DEFAULT_POLICIES]
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(
+            f"`--policies` must name methods of the benchmark, but names {unknown}. Choose among {known}, or give "
+            "none to run only `metasd`."
+        )
+    return tuple(entry for entry in DEFAULT_POLICIES if entry[0] in names)
+
+
 def run_benchmark(
     *,
     out: str | Path = "bench_results",
@@ -226,12 +250,15 @@ def run_benchmark(
     sub_pools: Sequence[Sequence[str]] = (),
     hf_assisted: str = "kinds",
     untrained: int = 0,
+    policies: Sequence[str] | None = None,
     print_fn: Callable[[str], None] = print,
 ) -> int:
     """`hf-metasd bench`: every method on Spec-Bench + HumanEval prompts; writes results, a table and plots to `out`.
 
     With `untrained` > 0 the pool is that many untrained drafters (`untrained_drafters`) instead: MetaSD must then
-    run at about plain decoding speed. Returns 1 if any output differs from autoregressive greedy decoding.
+    run at about plain decoding speed. `policies` names the `DEFAULT_POLICIES` methods to run besides ``metasd``
+    (default: all of them, or the first two with `quick` or `untrained`). Returns 1 if any output differs from
+    autoregressive greedy decoding.
     """
     from ..pool import DrafterPool
     from .methods import DEFAULT_POLICIES, build_methods, untrained_drafters
@@ -239,6 +266,7 @@ def run_benchmark(
     from .prompts import BENCH_TASKS, load_bench_prompts, mixed_stream
     from .report import write_report
 
+    chosen = select_policies(policies, DEFAULT_POLICIES if not (quick or untrained) else DEFAULT_POLICIES[:2])
     start = time.perf_counter()
     target, tokenizer = load_models(models, dtype, threads)
     if untrained:
@@ -260,7 +288,7 @@ def run_benchmark(
         stream_policy=mixed,
         sub_pools=sub_pools,
         full_information=full_information,
-        policies=DEFAULT_POLICIES if not (quick or untrained) else DEFAULT_POLICIES[:2],
+        policies=chosen,
         target=target,
     )
     print_fn(f"bench: {len(prompts)} prompts x {len(methods)} methods, max_new_tokens={max_new}, pool={the_pool!r}")
