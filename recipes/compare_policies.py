@@ -15,11 +15,9 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
-from tune_policy import dev_prompts  # recipes/ is on sys.path when this script runs
+from tune_policy import add_dev_arguments, load_dev_setup  # recipes/ is on sys.path when this script runs
 
 from hf_metasd.benchmark.methods import build_methods
-from hf_metasd.benchmark.offline import load_default_target, load_embedded_pool
 from hf_metasd.benchmark.report import summarize
 from hf_metasd.benchmark.run import run_bench
 
@@ -38,17 +36,11 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=REPO_ROOT.parent / "shared" / "data")
     parser.add_argument("--per-task", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--policies", type=json.loads, default=POLICIES, help="JSON: [[name, policy, kwargs], ...]")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--val-prompts", type=int, default=10)
-    parser.add_argument("--max-prompt-tokens", type=int, default=768)
+    add_dev_arguments(parser)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    target, tokenizer = load_default_target(torch.float32)
-    pool = load_embedded_pool(target)
+    target, tokenizer, pool, prompts = load_dev_setup(args)
     names = [d.name for d in pool.drafters]
-    prompts = dev_prompts(args.data_dir, tokenizer, args.per_task, args.seed, args.val_prompts, args.max_prompt_tokens)
     policies = tuple((name, policy, "speed", kwargs) for name, policy, kwargs in args.policies)
     methods = build_methods(pool, policies=policies, transformers_baselines="none", fixed_baselines=False)
     print(f"compare: {len(prompts)} dev prompts x {len(methods)} methods, max_new_tokens={args.max_new_tokens}")

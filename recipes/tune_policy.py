@@ -42,6 +42,23 @@ def dev_prompts(data_dir: Path, tokenizer, per_task: int, seed: int, val_prompts
     return mixed_stream(out)
 
 
+def add_dev_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--threads` and the dev split's settings; the split ones must match the train_drafters.py run that built the
+    pool (its training_metrics.json records them)."""
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--val-prompts", type=int, default=10)
+    parser.add_argument("--max-prompt-tokens", type=int, default=768)
+
+
+def load_dev_setup(args: argparse.Namespace):
+    """The target (float32, `args.threads` threads), its tokenizer, the embedded pool and the dev prompts."""
+    torch.set_num_threads(args.threads)
+    target, tokenizer = load_default_target(torch.float32)
+    prompts = dev_prompts(args.data_dir, tokenizer, args.per_task, args.seed, args.val_prompts, args.max_prompt_tokens)
+    return target, tokenizer, load_embedded_pool(target), prompts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", type=Path, default=REPO_ROOT.parent / "shared" / "data")
@@ -50,18 +67,11 @@ def main() -> None:
     parser.add_argument("--betas", type=float, nargs="*", default=[1.0, 0.25, 0.05])
     parser.add_argument("--draft-lengths", type=int, nargs="*", default=[2, 3, 4])
     parser.add_argument("--lookup-lengths", type=int, nargs="*", default=[6, 8])
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "assets" / "bench")
-    # must match the train_drafters.py run that built the pool (its training_metrics.json records them)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--val-prompts", type=int, default=10)
-    parser.add_argument("--max-prompt-tokens", type=int, default=768)
+    add_dev_arguments(parser)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    target, tokenizer = load_default_target(torch.float32)
-    pool = load_embedded_pool(target)
+    target, tokenizer, pool, prompts = load_dev_setup(args)
     names = [d.name for d in pool.drafters]
-    prompts = dev_prompts(args.data_dir, tokenizer, args.per_task, args.seed, args.val_prompts, args.max_prompt_tokens)
 
     def with_length(policies: tuple, n: int) -> list[Method]:
         """`hf_metasd.benchmark` methods for `policies` drafting `n` tokens per round, named with their length."""

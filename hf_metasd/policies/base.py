@@ -376,6 +376,14 @@ class Policy(ABC):
             return [0.0] * (self.num_arms or 0)
         return [0.0 if m is None else self.prior_weight * m for m in self.prior_means]
 
+    @property
+    def prior_sq_sums(self) -> list[float]:
+        """``prior_weight * mean ** 2`` where a prior mean is set, else 0.0: the prior's share of a sum of squared
+        rewards (for policies that track reward variances)."""
+        if self.prior_means is None:
+            return [0.0] * (self.num_arms or 0)
+        return [0.0 if m is None else self.prior_weight * m * m for m in self.prior_means]
+
     def effective_counts(self) -> list[float]:
         """``counts[i] + prior_counts[i]``: the observations behind each arm's mean."""
         return [n + p for n, p in zip(self.counts, self.prior_counts)]

@@ -101,13 +101,6 @@ class ScaledUCB(IndexPolicy):
     def __init__(self, beta: float = 1.0, *, seed: int | None = None) -> None:
         self._configure(seed, beta=beta)
 
-    @property
-    def prior_sq_sums(self) -> list[float]:
-        """``prior_weight * mean ** 2`` where a prior mean is set, else 0.0: the prior's share of the sum of squares."""
-        if self.prior_means is None:
-            return [0.0] * (self.num_arms or 0)
-        return [0.0 if m is None else self.prior_weight * m * m for m in self.prior_means]
-
     def reset(self, num_arms: int) -> None:
         super().reset(num_arms)
         self.widest_spread = 0.0

@@ -108,13 +108,6 @@ class UCBV(IndexPolicy):
         super()._observe(arm, reward)
         self.sq_sums[arm] += reward * reward
 
-    @property
-    def prior_sq_sums(self) -> list[float]:
-        """``prior_weight * mean ** 2`` where a prior mean is set, else 0.0: the prior's share of the sum of squares."""
-        if self.prior_means is None:
-            return [0.0] * (self.num_arms or 0)
-        return [0.0 if m is None else self.prior_weight * m * m for m in self.prior_means]
-
     def variances(self) -> list[float]:
         r""":math:`V_i` for every drafter, prior included (0.0 for drafters with no observation)."""
         self._check_ready()
