@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from tune_policy import add_dev_arguments, load_dev_setup  # recipes/ is on sys.path when this script runs
 
 from hf_metasd.benchmark.methods import build_methods
 from hf_metasd.benchmark.report import summarize
 from hf_metasd.benchmark.run import run_bench
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 #: (method name, policy, extra `generate` kwargs); ``"meta_priors": {}`` runs the policy without the pool's priors.
 POLICIES = [
@@ -33,8 +30,6 @@ POLICIES = [
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-dir", type=Path, default=REPO_ROOT.parent / "shared" / "data")
-    parser.add_argument("--per-task", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--policies", type=json.loads, default=POLICIES, help="JSON: [[name, policy, kwargs], ...]")
     add_dev_arguments(parser)

@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from train_drafters import shuffled_prompts  # recipes/ is on sys.path when this script runs
+from generate_task_outputs import task_split  # recipes/ is on sys.path when this script runs
 
 from hf_metasd.benchmark.methods import Method, build_methods
 from hf_metasd.benchmark.offline import load_default_target, load_embedded_pool
@@ -36,15 +36,16 @@ def dev_prompts(data_dir: Path, tokenizer, per_task: int, seed: int, val_prompts
     """The first `per_task` of each task's val split in `train_drafters.py` (prompts never trained on)."""
     out = []
     for task in BENCH_TASKS:
-        kept = [text for text, _ in shuffled_prompts(data_dir, task, tokenizer, seed, max_prompt_tokens)]
-        n_val = min(val_prompts, len(kept) // 2)
-        out += [BenchPrompt(task, f"dev/{task}/{i}", t) for i, t in enumerate(kept[: min(per_task, n_val)])]
+        dev, _ = task_split(data_dir, task, tokenizer, seed, val_prompts, max_prompt_tokens)
+        out += [BenchPrompt(task, f"dev/{task}/{i}", text) for i, (text, _) in enumerate(dev[:per_task])]
     return mixed_stream(out)
 
 
 def add_dev_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--threads` and the dev split's settings; the split ones must match the train_drafters.py run that built the
-    pool (its training_metrics.json records them)."""
+    """`--data-dir`, `--per-task`, `--threads` and the dev split's settings; the split ones must match the
+    train_drafters.py run that built the pool (its training_metrics.json records them)."""
+    parser.add_argument("--data-dir", type=Path, default=REPO_ROOT.parent / "shared" / "data")
+    parser.add_argument("--per-task", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--val-prompts", type=int, default=10)
@@ -61,8 +62,6 @@ def load_dev_setup(args: argparse.Namespace):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-dir", type=Path, default=REPO_ROOT.parent / "shared" / "data")
-    parser.add_argument("--per-task", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--betas", type=float, nargs="*", default=[1.0, 0.25, 0.05])
     parser.add_argument("--draft-lengths", type=int, nargs="*", default=[2, 3, 4])

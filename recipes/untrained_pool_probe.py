@@ -29,7 +29,7 @@ from generate_task_outputs import task_split  # noqa: E402
 from train_drafters import TASKS  # noqa: E402
 
 SETTINGS = {
-    "ucb beta=1 (the generic default)": ("ucb", {}),
+    "ucb beta=1 (the paper's default)": ("ucb", {}),
     "ucb beta=0.1": ("ucb", {"beta": 0.1}),
     "ucb beta=0.02": ("ucb", {"beta": 0.02}),
     "ucb_v c=0.1": ("ucb_v", {"c": 0.1}),
