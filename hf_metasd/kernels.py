@@ -11,6 +11,11 @@ $$Y = X W^\\top = (W X^\\top)^\\top,$$
 puts the few rows on the GEMM's other side, a shape MKL handles much better here: the 4-token pass then took 37.9 ms,
 and 2 to 5 tokens cost 0.87-1.07 one-token steps (the recipe prints both columns on your machine).
 
+The product's result is copied to a contiguous ``(rows, out_features)`` tensor (a few kilobytes). Left as the
+transposed view, its last dimension has stride ``rows``, and every op after it pays: the query, key and value then
+reach `torch.nn.functional.scaled_dot_product_attention` with a strided last dimension, which sends it from the
+flash kernel to the math fallback (`python recipes/bench_verify_cost.py` shows the pass cost on your machine).
+
 The result is the same product in float32 with another summation order (differences of a few ulp, as between any
 two GEMM kernels). `skinny_linear` applies it, for the duration of one call, to the `torch.nn.Linear` layers of a
 model whose weights are float32 on CPU, only when 2 to `max_rows` rows go through; every other call (one-token
@@ -81,7 +86,7 @@ def _skinny_forward(module: torch.nn.Linear, max_rows: int) -> Any:
         if not 2 <= rows <= max_rows or x.dtype != torch.float32:
             return original(x)
         flat = x.reshape(rows, x.shape[-1])
-        out = torch.mm(module.weight, flat.t()).t()
+        out = torch.mm(module.weight, flat.t()).t().contiguous()
         if module.bias is not None:
             out = out + module.bias
         return out.reshape(*x.shape[:-1], module.weight.shape[0])
@@ -220,7 +225,7 @@ def choose_verification_kernel(
             return torch.nn.functional.linear(x, weight, bias)
 
         def skinny(x: torch.Tensor, weight: torch.Tensor = weight, bias: Any = bias) -> torch.Tensor:
-            out = torch.mm(weight, x.t()).t()
+            out = torch.mm(weight, x.t()).t().contiguous()
             return out if bias is None else out + bias
 
         for r in rows:

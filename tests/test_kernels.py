@@ -37,6 +37,15 @@ def test_transposed_product_equals_linear(rows, monkeypatch):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_transposed_product_returns_a_contiguous_tensor(bias):
+    # a strided last dimension would follow the activation into attention, where SDPA leaves its flash kernel
+    layer = torch.nn.Linear(24, 40, bias=bias)
+    with skinny_linear(layer):
+        got = layer(torch.randn(1, 4, 24))
+    assert got.is_contiguous() and got.stride(-1) == 1
+
+
 @pytest.mark.parametrize("rows", [1, 9, 64])
 def test_other_row_counts_run_the_layers_own_forward(rows, monkeypatch):
     layer = torch.nn.Linear(8, 8, bias=False)
