@@ -157,7 +157,9 @@ class EarlyExitDrafter(ModelDrafter):
                 hub_kwargs = {k: v for k, v in {"revision": revision, "token": token}.items() if v is not None}
                 self.peft_model = peft.PeftModel.from_pretrained(view, self.adapter, is_trainable=False, **hub_kwargs)
             self.peft_model.eval()
-        super().__init__(view, name=name or f"early_exit_{num_layers}", head_token_ids=head_token_ids)
+        super().__init__(
+            view, name=name or f"early_exit_{num_layers}", head_token_ids=head_token_ids, float32_prefill=False
+        )
 
     def config(self) -> dict[str, Any]:
         return {"num_layers": self.num_layers, **super().config()}

@@ -114,7 +114,7 @@ class LoraDrafter(ModelDrafter):
         base = peft_model.get_base_model()
         if head_token_ids is not None:
             self._check_head_not_adapted(base, name or adapter_name)
-        super().__init__(base, name=name or adapter_name, head_token_ids=head_token_ids)
+        super().__init__(base, name=name or adapter_name, head_token_ids=head_token_ids, float32_prefill=False)
 
     @staticmethod
     def _check_head_not_adapted(base: Any, name: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -10,6 +11,14 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ..errors import DrafterCompatibilityError
 from .base import Drafter, eval_mode, require_path, target_vocab_size
+from .prefill import (
+    SHORTEST_CATCH_UP,
+    PrefillChoice,
+    cast_cache,
+    choose_prefill_dtype,
+    float32_body,
+    float32_prefill_applies,
+)
 
 if TYPE_CHECKING:
     from ..pool.config import DrafterSpec
@@ -40,6 +49,12 @@ class ModelDrafter(Drafter):
         head_token_ids: optional ``(K,)`` token ids. The LM head is evaluated only on these rows and the other logits
             are ``-inf`` (the drafter can only propose these tokens). This cuts a small drafter's dominant cost, its
             vocabulary projection, and leaves verification exact. Needs `model.get_output_embeddings()`.
+        float32_prefill: for a bfloat16 / float16 model on CPU, whether multi-token catch-ups (the prompt's
+            prefill above all) run through a float32 copy of the model's body. ``None`` (default): decided by
+            measurement on the first such catch-up, for each catch-up length
+            (`~hf_metasd.drafters.prefill.choose_prefill_dtype`, cached per process; `prefill_choice` tells what was
+            found); ``True`` / ``False`` force it for every multi-token catch-up / none. Ignored (``None``) or refused (``True``) for models where it does
+            not apply, such as float32 ones.
 
     Example:
         >>> import torch
@@ -57,7 +72,12 @@ class ModelDrafter(Drafter):
     kind = "assistant_model"
 
     def __init__(
-        self, model: PreTrainedModel, *, name: str | None = None, head_token_ids: torch.Tensor | None = None
+        self,
+        model: PreTrainedModel,
+        *,
+        name: str | None = None,
+        head_token_ids: torch.Tensor | None = None,
+        float32_prefill: bool | None = None,
     ) -> None:
         if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
             raise TypeError(
@@ -69,8 +89,23 @@ class ModelDrafter(Drafter):
                 f"drafter {name or model.name_or_path!r} must be a decoder-only causal LM, but is encoder-decoder "
                 f"({type(model).__name__}). Use a decoder-only drafter."
             )
+        if float32_prefill is not None and not isinstance(float32_prefill, bool):
+            raise TypeError(
+                f"`float32_prefill` must be True, False or None, but is {float32_prefill!r}. "
+                "Pass None to decide by measurement."
+            )
+        applies = float32_prefill_applies(model)
+        if float32_prefill and not applies:
+            raise ValueError(
+                f"`float32_prefill` must be True only for a bfloat16 or float16 causal LM on CPU with a plain "
+                f"KV cache, but the model is {type(model).__name__} in {next(model.parameters()).dtype} on "
+                f"{next(model.parameters()).device}. Pass None or False."
+            )
         super().__init__(name or getattr(model, "name_or_path", None) or type(model).__name__)
         self.model = model
+        self.float32_prefill = float32_prefill if applies else False
+        # shared by every `spawn`ed copy: the float32 body is built, and the choice made, once per drafter
+        self._prefill: dict[str, Any] = {"lock": threading.Lock(), "body": None, "choice": None}
         self._vocab_size = target_vocab_size(model)
         self.head_token_ids: torch.Tensor | None = None
         if head_token_ids is not None:
@@ -91,6 +126,12 @@ class ModelDrafter(Drafter):
     def in_use(self) -> AbstractContextManager[Any]:
         """The drafter model in eval mode during the call; its training flags back after."""
         return eval_mode(self.model)
+
+    @property
+    def prefill_choice(self) -> PrefillChoice | None:
+        """How this drafter's multi-token catch-ups run: ``None`` until the first one, then a
+        `~hf_metasd.drafters.prefill.PrefillChoice` (measured, or forced by `float32_prefill`)."""
+        return self._prefill["choice"]
 
     def config(self) -> dict[str, Any]:
         return {"num_head_tokens": None if self.head_token_ids is None else int(self.head_token_ids.numel())}
@@ -162,13 +203,42 @@ class ModelDrafter(Drafter):
         return cache
 
     # ------------------------------------------------------------------ forward
+    def _float32_body(self, num_tokens: int) -> torch.nn.Module | None:
+        """The float32 body if a catch-up of `num_tokens` takes it (built and decided on first use), else ``None``."""
+        if self.float32_prefill is False or num_tokens < SHORTEST_CATCH_UP:
+            return None
+        state = self._prefill
+        with state["lock"]:
+            if state["choice"] is None:
+                state["body"] = float32_body(self.model)
+                if self.float32_prefill is None:
+                    state["choice"] = choose_prefill_dtype(self.model, state["body"])
+                else:
+                    state["choice"] = PrefillChoice(SHORTEST_CATCH_UP)
+                if state["choice"].min_tokens is None:
+                    state["body"] = None
+            return state["body"] if state["choice"].takes_float32(num_tokens) else None
+
     def _forward(self, ids: torch.Tensor, num_logits: int) -> torch.Tensor:
         """Run `ids` through the model on the cache; return float32 logits ``(1, num_logits, V)``."""
+        if (body := self._float32_body(ids.shape[1])) is not None:
+            cast_cache(self._cache, torch.float32)
+            try:
+                embeds = self.model.get_input_embeddings()(ids).float()
+                out = body(inputs_embeds=embeds, cache=self._cache, use_cache=True)
+            finally:
+                cast_cache(self._cache, self.model.dtype)
+            return self._logits(out.last_hidden_state[:, -num_logits:].to(self.model.dtype))
         if self.head_token_ids is None:
             out = self.model(input_ids=ids, cache=self._cache, use_cache=True, logits_to_keep=num_logits)
             return out.logits.float()
         out = self.model.base_model(input_ids=ids, cache=self._cache, use_cache=True)
-        hidden = out.last_hidden_state[:, -num_logits:]
+        return self._logits(out.last_hidden_state[:, -num_logits:])
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits ``(1, m, V)`` of last hidden states ``(1, m, H)`` through the (restricted) LM head."""
+        if self.head_token_ids is None:
+            return self.model.get_output_embeddings()(hidden).float()
         sub = torch.nn.functional.linear(hidden, self._head_weight, self._head_bias).float()
         logits = sub.new_full((*sub.shape[:-1], self._vocab_size), float("-inf"))
         logits[..., self.head_token_ids] = sub
