@@ -22,6 +22,12 @@ def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--pool", default=None, help="pool folder or Hub id (default: the embedded pool)")
     common.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    common.add_argument(
+        "--drafter-dtype",
+        default=None,
+        choices=["float32", "bfloat16"],
+        help="dtype of the --models qwen pool's drafter models (default: --dtype); a stored pool keeps its own",
+    )
     common.add_argument("--threads", type=int, default=2)
     common.add_argument(
         "--models",

@@ -1,6 +1,8 @@
-"""What the embedded pool's `general` drafter costs in its stored dtype (bfloat16) and in the target's (float32):
-median seconds of a prompt prefill of `--context` tokens and of one drafting step after it, for the drafter's body
-(the restricted LM head is the same product in both cases), 2 threads.
+"""What a drafter model costs in bfloat16 and in float32: median ms of a prompt prefill of `--context` tokens and of
+one drafting step after it, for the drafter's body (the LM head, often restricted, is left out), 2 threads. The
+drafter is the embedded pool's `general` (stored in bfloat16; default) or, with `--drafter qwen0.5b`,
+Qwen2.5-Coder-0.5B-Instruct, the `--models qwen` pool's same-tokenizer drafter (loaded offline, see
+`hf_metasd.benchmark.offline.load_qwen_coder`).
 
 On CPUs without native bfloat16 arithmetic a bfloat16 prefill can cost several times a float32 one, while a
 one-token step, bound by memory traffic, can be cheaper in bfloat16. Which wins on a machine is a measurement, so
@@ -8,6 +10,7 @@ this recipe prints both rather than the library choosing one.
 
     python recipes/bench_drafter_dtype.py
     python recipes/bench_drafter_dtype.py --context 64 600
+    python recipes/bench_drafter_dtype.py --drafter qwen0.5b --context 64 600 --reps 3
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import time
 import torch
 from transformers import DynamicCache
 
-from hf_metasd.benchmark.offline import load_default_target, load_embedded_pool
+from hf_metasd.benchmark.offline import load_default_target, load_embedded_pool, load_qwen_coder
 
 
 def prefill_and_step_ms(model, length: int, reps: int) -> tuple[float, float]:
@@ -44,11 +47,15 @@ def main() -> None:
     parser.add_argument("--context", type=int, nargs="*", default=[64, 600])
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--drafter", choices=["general", "qwen0.5b"], default="general")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    target, _ = load_default_target(torch.float32)
-    general = next(d for d in load_embedded_pool(target).drafters if d.name == "general").model
-    variants = {str(general.dtype).removeprefix("torch."): general, "float32": copy.deepcopy(general).float()}
+    if args.drafter == "general":
+        target, _ = load_default_target(torch.float32)
+        drafter = next(d for d in load_embedded_pool(target).drafters if d.name == "general").model
+    else:
+        drafter, _ = load_qwen_coder("0.5b", torch.bfloat16)
+    variants = {str(drafter.dtype).removeprefix("torch."): drafter, "float32": copy.deepcopy(drafter).float()}
     print("context | dtype | prefill ms | step ms")
     for length in args.context:
         for name, model in variants.items():

