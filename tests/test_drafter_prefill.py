@@ -94,6 +94,7 @@ def test_a_machine_where_the_narrow_dtype_is_faster_keeps_it():
 
 def test_the_choice_is_cached_until_cleared():
     model = _bf16_drafter_model()
+
     def cost(name, n):
         return (1e-3 if name == "stored" else 4e-3) + (1e-3 if name == "stored" else 0.1e-3) * n
 
