@@ -53,8 +53,10 @@ class ModelDrafter(Drafter):
             prefill above all) run through a float32 copy of the model's body. ``None`` (default): decided by
             measurement on the first such catch-up, for each catch-up length
             (`~hf_metasd.drafters.prefill.choose_prefill_dtype`, cached per process; `prefill_choice` tells what was
-            found); ``True`` / ``False`` force it for every multi-token catch-up / none. Ignored (``None``) or refused (``True``) for models where it does
-            not apply, such as float32 ones.
+            found); ``True`` / ``False`` force it for every multi-token catch-up / none. Ignored (``None``) or
+            refused (``True``) for models where it does not apply, such as float32 ones. The float32 copy holds
+            twice the bfloat16 body's memory and is taken on first use: a drafter whose weights change after that
+            keeps drafting from the old copy on catch-ups (still lossless); build a new `ModelDrafter` then.
 
     Example:
         >>> import torch

@@ -9,10 +9,10 @@ pool's 2-layer drafter took 865 ms in bfloat16 against 123 ms in float32 for a 6
 constant: `choose_prefill_dtype` times the drafter's body on two chunk lengths in both dtypes, once per process for
 a given (model shapes, dtype, thread count), and keeps float32 for the catch-up lengths where it is faster.
 
-Where it is, those catch-ups (all from the measured crossover length on) run through a float32 copy of the drafter's
-decoder body (its layers and final norm; the embedding lookup and the LM head stay the drafter's own), and the drafter's KV
-cache is cast to float32 for that pass and back after it. The drafts change only by rounding: verification is
-what decides the output, so decoding stays lossless either way.
+Where it is, those catch-ups (all from the measured crossover length on) run through a float32 copy of the
+drafter's decoder body (its layers and final norm; the embedding lookup and the LM head stay the drafter's own),
+and the drafter's KV cache is cast to float32 for that pass and back after it. The drafts change only by rounding:
+verification is what decides the output, so decoding stays lossless either way.
 """
 
 from __future__ import annotations
