@@ -78,6 +78,12 @@ def skinny_linear_applies(model: torch.nn.Module) -> bool:
     return any(_eligible(module) for module in model.modules())
 
 
+def _transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ weight.T + bias`` for a ``(rows, in_features)`` `x`, computed as ``(weight @ x.T).T``, contiguous."""
+    out = torch.mm(weight, x.t()).t().contiguous()
+    return out if bias is None else out + bias
+
+
 def _skinny_forward(module: torch.nn.Linear, max_rows: int) -> Any:
     original = module.forward  # the class's bound forward
 
@@ -85,10 +91,7 @@ def _skinny_forward(module: torch.nn.Linear, max_rows: int) -> Any:
         rows = x.numel() // x.shape[-1] if x.dim() >= 2 and x.shape[-1] else 0
         if not 2 <= rows <= max_rows or x.dtype != torch.float32:
             return original(x)
-        flat = x.reshape(rows, x.shape[-1])
-        out = torch.mm(module.weight, flat.t()).t().contiguous()
-        if module.bias is not None:
-            out = out + module.bias
+        out = _transposed_linear(x.reshape(rows, x.shape[-1]), module.weight, module.bias)
         return out.reshape(*x.shape[:-1], module.weight.shape[0])
 
     return forward
@@ -225,8 +228,7 @@ def choose_verification_kernel(
             return torch.nn.functional.linear(x, weight, bias)
 
         def skinny(x: torch.Tensor, weight: torch.Tensor = weight, bias: Any = bias) -> torch.Tensor:
-            out = torch.mm(weight, x.t()).t().contiguous()
-            return out if bias is None else out + bias
+            return _transposed_linear(x, weight, bias)
 
         for r in rows:
             x = torch.randn(r, weight.shape[1], generator=generator)
