@@ -18,6 +18,15 @@ unit of `speed` is the smoothed cost of a plain step: when it is not known yet (
 round after the prompt's prefill is a plain step (the *calibration round*, a pull of the no-draft arm), and the
 reward of the prefill round, whose wall time is dominated by the prompt, waits until its arm's cost is measured.
 
+**Replayed rounds** (``replay``; on by default under greedy decoding with a reward of
+`hf_metasd.rewards.REPLAYABLE_REWARDS` and a policy that `learns_side_observations`): after each round, every
+model-free drafter that did not draft it (`Drafter.replayable`: prompt lookup, corpus drafters) proposes for the
+round's position, and once the sequence covers its proposal the policy gets, through `Policy.observe`, the reward
+it would have earned: greedy decoding accepts exactly the common prefix of a proposal and the target's tokens, so
+the observation is exact. Its cost is its own proposing plus the round's verification. The no-draft arm, whose
+`speed` reward is known without a pull (:math:`1 / (N + 1)`), is observed too. A cheap arm is then learnt without
+the rounds it would take to pull it, and exploration is left to the model drafters.
+
 Bandit maths lives in `hf_metasd.policies`, model code in `hf_metasd.drafters`, reward maths in `hf_metasd.rewards`
 and `hf_metasd.feedback`, costs in `hf_metasd.costs`.
 """
@@ -36,9 +45,15 @@ from ._validation import check_int
 from .costs import CostModel
 from .drafters import Drafter, unique_names
 from .errors import MetaSDConfigError, PolicyArmError
-from .feedback import counterfactual_feedback, warm_start_rewards
+from .feedback import (
+    ReplayedRound,
+    counterfactual_feedback,
+    replayed_accepted,
+    replayed_feedback,
+    warm_start_rewards,
+)
 from .policies import Policy
-from .rewards import RoundFeedback, get_reward, is_cost_aware, reward_name
+from .rewards import REPLAYABLE_REWARDS, RoundFeedback, get_reward, is_cost_aware, is_replayable, reward_name
 from .stats import MetaSDStats
 
 __all__ = ["DEFAULT_NUM_ASSISTANT_TOKENS", "NO_DRAFT", "MetaCandidateGenerator"]
@@ -58,6 +73,8 @@ class _Round:
     abstained: list[int] = field(default_factory=list)
     prefill_seconds: float = 0.0  # a drafter's first ingest of the prompt: not part of its round cost
     first: bool = False
+    start: int = 0  # sequence length at the round's start
+    num_tokens: int = 0  # the round's draft length
 
 
 class MetaCandidateGenerator(CandidateGenerator):
@@ -79,6 +96,8 @@ class MetaCandidateGenerator(CandidateGenerator):
             also returns its logits there, every drafter with logits keeps its own while prefilling the prompt, and
             before round 2 each gets one observation, its ``1 - TV`` averaged over the window (BD on the prompt).
         no_draft: whether the pool has the no-draft arm (``None``: exactly when the reward is cost-aware).
+        replay: replayed rounds (see the module docstring); ``None``: on under greedy decoding when the reward can
+            score them and the policy `learns_side_observations`.
         target: the target model (its process-level cost cache; see `CostModel`).
         cost_smoothing: the cost model's smoothing.
         clock: the stopwatch of the call (injectable for tests).
@@ -111,6 +130,7 @@ class MetaCandidateGenerator(CandidateGenerator):
         full_information: bool = False,
         warm_start: int = 0,
         no_draft: bool | None = None,
+        replay: bool | None = None,
         target: Any = None,
         cost_smoothing: float = 0.3,
         clock: Callable[[], float] | None = None,
@@ -159,6 +179,9 @@ class MetaCandidateGenerator(CandidateGenerator):
         self.do_sample = bool(getattr(generation_config, "do_sample", False))
         self.max_length = getattr(generation_config, "max_length", None)
         self.full_information = full_information
+        self.replay = self._replay_setting(replay, reward)
+        self._replayable = [arm for arm, d in enumerate(self.drafters) if d.replayable] if self.replay else []
+        self._replays: list[ReplayedRound] = []
         self.warm_start = warm_start
         # transformers' loop passes the target's outputs to `get_candidates` and merges `model_kwargs_overrides` into
         # the target's inputs when this is set: the warm start uses both, once.
@@ -184,6 +207,29 @@ class MetaCandidateGenerator(CandidateGenerator):
         self._last_arm: int | None = None
         self._seen: set[int] = set()
 
+    def _replay_setting(self, replay: bool | None, reward: Any) -> bool:
+        """`replay` resolved: ``None`` becomes whether replayed rounds apply; ``True`` where they cannot is refused."""
+        if replay is not None and not isinstance(replay, bool):
+            raise MetaSDConfigError(
+                f"`meta_replay` must be True, False or None (automatic), but is {replay!r}. Pass a bool, or leave it out."
+            )
+        problems = []
+        if self.do_sample:
+            problems.append(("greedy decoding", "`do_sample` is True"))
+        if not is_replayable(reward):
+            problems.append((f"a reward of {sorted(REPLAYABLE_REWARDS)}", f"the reward is {reward_name(reward)!r}"))
+        if not self.policy.learns_side_observations:
+            name = self.policy.name or type(self.policy).__name__
+            problems.append(("a policy that learns side observations", f"the policy is {name!r}"))
+        if replay is None:
+            return not problems
+        if replay and problems:
+            needs, but = problems[0]
+            raise MetaSDConfigError(
+                f"`meta_replay` needs {needs}, but {but}. Pass `meta_replay=False`, or leave it out (automatic)."
+            )
+        return replay
+
     # ------------------------------------------------------------------ get_candidates
     def get_candidates(
         self, input_ids: torch.LongTensor, **kwargs: Any
@@ -199,7 +245,9 @@ class MetaCandidateGenerator(CandidateGenerator):
         num_tokens = self._draft_length(input_ids)
         if first and self._warm_window:
             self.model_kwargs_overrides = {"logits_to_keep": self._warm_window + num_tokens + 1}
-        pending = _Round(arm, None, None, started, started, first=first)
+        pending = _Round(
+            arm, None, None, started, started, first=first, start=input_ids.shape[1], num_tokens=num_tokens
+        )
         tokens, logits = self._draft(pending, input_ids, num_tokens, warm=first and self._warm_window > 0)
         pending.verify_started = self.clock()
         self._pending = pending
@@ -326,6 +374,8 @@ class MetaCandidateGenerator(CandidateGenerator):
         reward = None
         if feedback is not None:
             reward = self._learn(feedback, input_ids, scores, pending)
+        if self.replay:
+            self.stats.replay_rewards.append(self._replay(pending, feedback, input_ids, scores.shape[-1]))
         stats = self.stats
         stats.arms.append(pending.arm)
         stats.drafted.append(drafted)
@@ -401,6 +451,74 @@ class MetaCandidateGenerator(CandidateGenerator):
         if self.full_information:
             self._learn_counterfactual(feedback, input_ids, scores, reward)
         return reward
+
+    def _replay(
+        self, pending: _Round, feedback: RoundFeedback | None, input_ids: torch.LongTensor, vocab_size: int
+    ) -> list[tuple[int, float]]:
+        """Replayed rounds (see the module docstring): propose for this round, observe every proposal now decided.
+
+        Returns the ``(arm, reward)`` side observations made after this round (telemetry).
+        """
+        prefix = input_ids[:, : pending.start]
+        verify = None if feedback is None or pending.tokens is None or pending.first else feedback.seconds
+        if verify is not None:
+            verify -= feedback.draft_seconds
+        for arm in self._replayable:
+            if arm == pending.arm or arm in pending.abstained or pending.num_tokens == 0:
+                continue
+            begin = self.clock()
+            with self.stats.timed("replay"):
+                tokens, _ = self.drafters[arm].draft(
+                    prefix, pending.num_tokens, logits_processor=self.logits_processor, do_sample=False
+                )
+            seconds = self.clock() - begin
+            if tokens.shape[-1] == 0:  # it would have abstained: nothing to learn, as in a real round
+                continue
+            self._replays.append(ReplayedRound(arm, pending.start, tokens[0].tolist(), seconds))
+            if verify is not None:  # its round's cost: its proposing, this round's verification
+                self.costs.observe(arm, verify + seconds)
+        plain = self.costs.estimate(self.no_draft_arm) if self.no_draft else None
+        observed: list[tuple[int, float]] = []
+        sequence = input_ids[0].tolist()
+        waiting = []
+        for replayed in self._replays:
+            with self.stats.timed("replay"):
+                accepted = replayed_accepted(replayed, sequence)
+                if accepted is None:
+                    waiting.append(replayed)
+                    continue
+                decided = replayed_feedback(
+                    replayed,
+                    accepted,
+                    sequence,
+                    vocab_size,
+                    num_assistant_tokens=self.num_assistant_tokens,
+                    arm_seconds=self.costs.estimate(replayed.arm),
+                    plain_seconds=plain,
+                )
+            value = self._reward(decided)
+            if value is not None:
+                observed.append((replayed.arm, value))
+        self._replays = waiting
+        if self.no_draft and pending.arm != self.no_draft_arm and plain is not None:
+            empty = input_ids.new_zeros(0)
+            plain_round = self._reward(
+                RoundFeedback(
+                    arm=self.no_draft_arm,
+                    draft_tokens=empty,
+                    target_logits=torch.zeros(0, vocab_size),
+                    draft_logits=None,
+                    num_accepted=0,
+                    num_assistant_tokens=self.num_assistant_tokens,
+                    arm_seconds=plain,
+                    plain_seconds=plain,
+                )
+            )
+            observed.append((self.no_draft_arm, plain_round))
+        with self.stats.timed("policy"):
+            for arm, value in observed:
+                self.policy.observe(arm, value)
+        return observed
 
     def _learn_counterfactual(
         self, feedback: RoundFeedback, input_ids: torch.LongTensor, scores: torch.Tensor, reward: float

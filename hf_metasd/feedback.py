@@ -1,13 +1,20 @@
-"""Feedback beyond the arm that drafted: the prompt warm start and full-information (counterfactual) scoring.
+"""Feedback beyond the arm that drafted: the prompt warm start, full-information (counterfactual) scoring and
+replayed rounds.
 
-Both reuse what the target computed anyway and what every drafter must ingest anyway before it drafts: the target's
+The first two reuse what the target computed anyway and what every drafter must ingest anyway before it drafts: the target's
 logits on the prompt (warm start) or on a round's accepted tokens (full information), and the drafter's logits on
 the same positions while it catches up. The scores are the rewards of `hf_metasd.rewards`.
+
+A **replayed round** is a round that a model-free drafter did not draft, scored in hindsight under greedy decoding:
+the drafter proposes for the round's position (a cheap function of the sequence up to there), and once the sequence
+covers the proposal the accepted count is its common prefix with the target's tokens, exactly what the target would
+have accepted (greedy decoding keeps the target's argmax, which is the sequence).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,7 +22,7 @@ import torch
 from .drafters import Drafter
 from .rewards import RoundFeedback, block_divergence
 
-__all__ = ["counterfactual_feedback", "warm_start_rewards"]
+__all__ = ["ReplayedRound", "counterfactual_feedback", "replayed_accepted", "replayed_feedback", "warm_start_rewards"]
 
 
 def warm_start_rewards(
@@ -102,3 +109,79 @@ def counterfactual_feedback(
         )
         out[arm] = (counterfactual, matches)
     return out
+
+
+@dataclass
+class ReplayedRound:
+    """What drafter `arm` would have proposed for the round whose first drafted token is at position `start`.
+
+    Attributes:
+        arm: the drafter's arm.
+        start: the sequence length at the round's start (the proposal's first token would sit there).
+        tokens: the proposal, as ids.
+        seconds: what proposing cost.
+    """
+
+    arm: int
+    start: int
+    tokens: list[int]
+    seconds: float
+
+
+def replayed_accepted(replayed: ReplayedRound, sequence: Sequence[int]) -> int | None:
+    """The drafted tokens greedy decoding would have accepted of `replayed`, or None while `sequence` cannot tell.
+
+    The count is the common prefix of the proposal and ``sequence[start:]``; it is decided once a token differs or
+    the sequence covers the whole proposal.
+
+    Example:
+        >>> round_ = ReplayedRound(arm=0, start=2, tokens=[7, 8, 9], seconds=0.0)
+        >>> replayed_accepted(round_, [1, 2, 7, 8]), replayed_accepted(round_, [1, 2, 7, 5])
+        (None, 1)
+        >>> replayed_accepted(round_, [1, 2, 7, 8, 9, 4])
+        3
+    """
+    known = sequence[replayed.start : replayed.start + len(replayed.tokens)]
+    accepted = 0
+    while accepted < len(known) and known[accepted] == replayed.tokens[accepted]:
+        accepted += 1
+    if accepted < len(known) or len(known) == len(replayed.tokens):
+        return accepted
+    return None
+
+
+def replayed_feedback(
+    replayed: ReplayedRound,
+    accepted: int,
+    sequence: Sequence[int],
+    vocab_size: int,
+    *,
+    num_assistant_tokens: int,
+    arm_seconds: float | None,
+    plain_seconds: float | None,
+) -> RoundFeedback:
+    """The `RoundFeedback` of a replayed round, for the rewards of `hf_metasd.rewards.REPLAYABLE_REWARDS`.
+
+    Greedy decoding's acceptance depends on the target's logits only through their argmax, so the round's
+    `target_logits` ``(n, vocab_size)`` are one-hot rows on the target's tokens ``sequence[start + j]``; a position
+    after the first mismatch that the sequence does not reach yet gets a row on another token than the draft's (it
+    cannot be accepted either way).
+    """
+    n = len(replayed.tokens)
+    targets = [
+        sequence[replayed.start + j] if replayed.start + j < len(sequence) else (replayed.tokens[j] + 1) % vocab_size
+        for j in range(n)
+    ]
+    logits = torch.zeros(n, vocab_size)
+    logits[torch.arange(n), torch.tensor(targets, dtype=torch.long)] = 1.0
+    return RoundFeedback(
+        arm=replayed.arm,
+        draft_tokens=torch.tensor(replayed.tokens, dtype=torch.long),
+        target_logits=logits,
+        draft_logits=None,
+        num_accepted=accepted,
+        do_sample=False,
+        num_assistant_tokens=num_assistant_tokens,
+        arm_seconds=arm_seconds,
+        plain_seconds=plain_seconds,
+    )

@@ -52,6 +52,7 @@ DEFAULTS: dict[str, Any] = {
     "meta_warm_start": 0,
     "meta_skinny_gemm": None,
     "meta_no_draft": None,
+    "meta_replay": None,
     "meta_priors": None,
     "meta_prior_weight": None,
 }
@@ -133,7 +134,7 @@ def _check_settings(settings: dict[str, Any]) -> None:
     for key in ("meta_full_information",):
         if not isinstance(settings[key], bool):
             raise MetaSDConfigError(f"`{key}` must be True or False, but is {settings[key]!r}. Pass a bool.")
-    for key in ("meta_skinny_gemm", "meta_no_draft"):
+    for key in ("meta_skinny_gemm", "meta_no_draft", "meta_replay"):
         if settings[key] is not None and not isinstance(settings[key], bool):
             raise MetaSDConfigError(
                 f"`{key}` must be True, False or None (automatic), but is {settings[key]!r}. Pass a bool, or leave it out."
@@ -243,6 +244,7 @@ def build_candidate_generator(
         full_information=settings["meta_full_information"] or policy.full_information,
         warm_start=settings["meta_warm_start"],
         no_draft=settings["meta_no_draft"],
+        replay=settings["meta_replay"],
         target=model,
     )
     if priors is not None:
@@ -341,6 +343,7 @@ def generate(
     meta_warm_start: int | None = None,
     meta_skinny_gemm: bool | None = None,
     meta_no_draft: bool | None = None,
+    meta_replay: bool | None = None,
     meta_priors: dict[str, float] | None = None,
     meta_prior_weight: float | None = None,
     metasd_streamer: Any = None,
@@ -366,6 +369,11 @@ def generate(
             is faster on this machine, once per process; ``True`` / ``False`` force the transposed / stock product.
         meta_no_draft: whether the policy may give a round to the target alone (``None``: when the reward is
             cost-aware, as the default ``speed``).
+        meta_replay: replayed rounds (see `MetaCandidateGenerator`): after each round, the model-free drafters that
+            did not draft it are scored in hindsight on it, exactly, and the policy learns from that too
+            (`Policy.observe`). ``None`` (default): on under greedy decoding with a reward that can score them
+            (``speed``, ``be``, ``eal``) and a policy that learns side observations; ``True`` where it cannot
+            apply is refused.
         meta_priors: prior mean rewards by arm name (``"no_draft"`` for the no-draft arm), given to the policy as
             pseudo-observations (`Policy.set_prior`). A pool brings the priors measured when it was built; they
             apply when the call uses the pool's reward and a fresh policy that takes priors.
@@ -390,6 +398,7 @@ def generate(
         "meta_warm_start": meta_warm_start,
         "meta_skinny_gemm": meta_skinny_gemm,
         "meta_no_draft": meta_no_draft,
+        "meta_replay": meta_replay,
         "meta_priors": meta_priors,
         "meta_prior_weight": meta_prior_weight,
     }

@@ -39,6 +39,7 @@ from .errors import UnknownRewardError
 
 __all__ = [
     "COST_AWARE_REWARDS",
+    "REPLAYABLE_REWARDS",
     "REWARDS",
     "RoundFeedback",
     "acceptance_rates",
@@ -48,6 +49,7 @@ __all__ = [
     "expected_accepted_length",
     "get_reward",
     "is_cost_aware",
+    "is_replayable",
     "register_reward",
     "reward_name",
     "speed",
@@ -319,6 +321,20 @@ def is_cost_aware(reward: str | Callable[[RoundFeedback], float]) -> bool:
     return bool(getattr(reward, "cost_aware", False)) or any(
         fn is reward for name, fn in REWARDS.items() if name in COST_AWARE_REWARDS
     )
+
+
+#: The built-in rewards that, under greedy decoding, read a round only through its accepted count and the costs
+#: (BE, EAL, speed): they can score a round replayed in hindsight, whose target logits are known only as the greedy
+#: tokens (see `hf_metasd.feedback.replayed_feedback`). BD (soft target probabilities) and cost (the round's own
+#: wall time) cannot.
+REPLAYABLE_REWARDS = frozenset({"be", "eal", "speed"})
+
+
+def is_replayable(reward: str | Callable[[RoundFeedback], float]) -> bool:
+    """Whether `reward` can score a replayed round: a name in `REPLAYABLE_REWARDS`, or that reward's callable."""
+    if isinstance(reward, str):
+        return reward in REPLAYABLE_REWARDS
+    return any(fn is reward for name, fn in REWARDS.items() if name in REPLAYABLE_REWARDS)
 
 
 def reward_name(reward: str | Callable[[RoundFeedback], float]) -> str:

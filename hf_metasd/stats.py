@@ -19,7 +19,17 @@ def _now() -> float:
 
 
 #: The parts of a call's wall time, in the order `summary` prints them (each has a ``<part>_seconds`` field).
-TIME_PARTS = ("draft", "prefill", "catch_up", "verify", "policy", "reward", "warm_start", "kernel_choice")
+TIME_PARTS = (
+    "draft",
+    "prefill",
+    "catch_up",
+    "verify",
+    "policy",
+    "reward",
+    "replay",
+    "warm_start",
+    "kernel_choice",
+)
 
 #: The derived numbers (properties) `MetaSDStats.to_dict` writes after the fields, in this order.
 _SAVED_PROPERTIES = ("rounds", "pulls", "tokens", "mean_accepted", "total_seconds", "other_seconds")
@@ -42,7 +52,8 @@ class MetaSDStats:
     of the sequence: its prompt prefill), ``catch_up_seconds`` (drafters ingesting tokens they missed while other arms
     ran: the price of switching, also the counterfactual scoring of full-information mode), ``verify_seconds`` (the
     target's forward pass, acceptance and stopping checks), ``policy_seconds`` (`select`, `fallback`, `update`),
-    ``reward_seconds`` (computing rewards), ``warm_start_seconds`` (prompt warm start), ``kernel_choice_seconds`` (timing
+    ``reward_seconds`` (computing rewards), ``replay_seconds`` (replayed rounds: the model-free drafters that did not
+    draft a round proposing for its position, scored in hindsight; see `MetaCandidateGenerator`), ``warm_start_seconds`` (prompt warm start), ``kernel_choice_seconds`` (timing
     the CPU verification kernels, first call only). ``wall_seconds`` is the whole decoding loop; `other_seconds` the
     part no stopwatch covered (transformers' input preparation between rounds). `kernel` is the verification kernel
     used (``"stock"``, ``"skinny"``), `kernel_timings` what its measurement found.
@@ -65,6 +76,7 @@ class MetaSDStats:
     verify_seconds: float = 0.0
     policy_seconds: float = 0.0
     reward_seconds: float = 0.0
+    replay_seconds: float = 0.0
     warm_start_seconds: float = 0.0
     kernel_choice_seconds: float = 0.0
     wall_seconds: float = 0.0
@@ -74,6 +86,7 @@ class MetaSDStats:
     counterfactual_rewards: list[dict[int, float]] = field(default_factory=list)
     counterfactual_accepted: list[dict[int, int]] = field(default_factory=list)
     warm_start_rewards: dict[int, float] = field(default_factory=dict)
+    replay_rewards: list[list[tuple[int, float]]] = field(default_factory=list)
     clock: Callable[[], float] = field(default=_now, repr=False, compare=False)
 
     @contextmanager
@@ -128,8 +141,8 @@ class MetaSDStats:
 
     @property
     def total_seconds(self) -> float:
-        """Sum of the measured parts (`TIME_PARTS`: drafting, prefill, catch-up, verification, policy, reward, warm
-        start, kernel choice)."""
+        """Sum of the measured parts (`TIME_PARTS`: drafting, prefill, catch-up, verification, policy, reward, replay,
+        warm start, kernel choice)."""
         return sum(getattr(self, f"{part}_seconds") for part in TIME_PARTS)
 
     @property
@@ -139,8 +152,14 @@ class MetaSDStats:
 
     @property
     def overhead_seconds(self) -> float:
-        """Time MetaSD adds on top of draft-and-verify: policy, reward, catch-up and the kernel choice."""
-        return self.policy_seconds + self.reward_seconds + self.catch_up_seconds + self.kernel_choice_seconds
+        """Time MetaSD adds on top of draft-and-verify: policy, reward, replayed rounds, catch-up and the kernel choice."""
+        return (
+            self.policy_seconds
+            + self.reward_seconds
+            + self.replay_seconds
+            + self.catch_up_seconds
+            + self.kernel_choice_seconds
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Every field and derived number, JSON-serialisable."""

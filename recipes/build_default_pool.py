@@ -55,6 +55,7 @@ GRID = [
     ("ucb", {"beta": 0.1}),
     ("ucb", {"beta": 0.25}),
     ("ucb", {"beta": 1.0}),
+    ("ucb_scaled", {}),
     ("ucb_v", {}),
     ("ucb_v", {"c": 0.3}),
     ("ucb_v", {"c": 0.1}),

@@ -58,8 +58,14 @@ def replay_call(
     smoothing: float = 0.3,
     cost_cache: dict | None = None,
     fixed_arm: int | None = None,
+    replay: bool | None = None,
 ) -> tuple[float, int, list[int]]:
-    """Simulated seconds, tokens and arms of one call over the drafters `names` on dev prompt (`task`, `index`)."""
+    """Simulated seconds, tokens and arms of one call over the drafters `names` on dev prompt (`task`, `index`).
+
+    With `replay` (``None``: when the policy `learns_side_observations`, as `generate` decides), every round also gives the policy a side observation (`Policy.observe`) of each model-free
+    drafter that did not draft it (what it would have accepted at the round's position, with its drafting cost and
+    this round's verification) and of the no-draft arm, as `MetaCandidateGenerator` does with ``meta_replay``.
+    """
     n = num_assistant_tokens
     rows = [_rows(table, name, task, index) for name in names]
     length = len(rows[0])
@@ -67,6 +73,8 @@ def replay_call(
     k = len(arm_names)
     pol = get_policy("fixed", arm=fixed_arm) if fixed_arm is not None else get_policy(policy, **(policy_kwargs or {}))
     pol.reset(k)
+    if replay is None:
+        replay = pol.learns_side_observations
     if priors and pol.supports_prior:
         pol.set_prior([priors.get(name) for name in arm_names], weight=prior_weight)
     cache = cost_cache if cost_cache is not None else {}
@@ -126,11 +134,33 @@ def replay_call(
                         deferred = (which, acc, True)
                     continue
                 pol.update(which, speed(float(acc), n, est[key], est[NO_DRAFT]))
+        if replay and not first and est.get(NO_DRAFT) is not None:
+            _replay_round(pol, rows, names, costs, est, t, length, n, chosen, plain_arm, drafted, smoothing)
         t += accepted + 1
         first = False
     if cost_cache is not None:
         cost_cache.update({key: value for key, value in est.items() if value is not None})
     return total, length, arms
+
+
+def _replay_round(pol, rows, names, costs, est, t, length, n, chosen, plain_arm, drafted, smoothing) -> None:
+    """The side observations of one round at position `t` (see `replay_call`)."""
+    for arm, name in enumerate(names):
+        if arm == chosen or costs.model[name]:
+            continue
+        d, a, _ = rows[arm][t]
+        budget = min(n, length - t - 1)
+        d, a = min(d, budget), min(a, budget)
+        if d == 0:
+            continue
+        if drafted:  # a counterfactual cost: its drafting, this round's verification
+            measured = costs.overhead + costs.draft[name] + costs.verify[drafted + 1]
+            old = est.get(name)
+            est[name] = measured if old is None else (1 - smoothing) * old + smoothing * measured
+        if est.get(name) is not None:
+            pol.observe(arm, speed(float(a), n, est[name], est[NO_DRAFT]))
+    if plain_arm is not None and chosen != plain_arm:
+        pol.observe(plain_arm, 1.0 / (n + 1))
 
 
 def plain_seconds(table, names, task, index, costs: Costs) -> float:

@@ -185,6 +185,10 @@ class Drafter(ABC):
     kind: ClassVar[str] = ""
     #: Whether `draft` returns logits (``False``: deterministic drafter, BD treats it as one-hot).
     returns_logits: ClassVar[bool] = True
+    #: Whether `draft` is a cheap function of `input_ids` alone (no model, no state that a round changes), so that what
+    #: it would have drafted at an earlier position can be proposed and scored in hindsight (replayed rounds, see
+    #: `hf_metasd.candidate_generator`). Prompt lookup and corpus drafters are; model drafters are not.
+    replayable: ClassVar[bool] = False
 
     #: Where a pool loaded the drafter from; ``None`` for a drafter built in memory (see the class docstring).
     source: dict[str, Any] | None = None

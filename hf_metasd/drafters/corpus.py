@@ -422,6 +422,7 @@ class CorpusDrafter(Drafter):
 
     kind = "corpus"
     returns_logits = False
+    replayable = True
 
     def __init__(
         self,

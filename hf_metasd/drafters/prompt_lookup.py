@@ -120,6 +120,7 @@ class PromptLookupDrafter(Drafter):
 
     kind = "prompt_lookup"
     returns_logits = False
+    replayable = True
 
     def __init__(
         self, max_matching_ngram_size: int = 2, num_output_tokens: int | None = None, *, name: str | None = None

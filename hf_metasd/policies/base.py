@@ -142,6 +142,9 @@ class Policy(ABC):
     #: False for policies whose choices ignore rewards (fixed, random, round robin): nothing is measured for them.
     uses_rewards: ClassVar[bool] = True
     full_information: ClassVar[bool] = False
+    #: True for policies whose estimates are per-drafter sample statistics (means, variances, posteriors): a reward
+    #: known without pulling the drafter is one more sample, and `observe` records it like `update`.
+    learns_side_observations: ClassVar[bool] = False
     #: The dataclass of this policy's settings (its constructor arguments but `seed`).
     settings_class: ClassVar[type[PolicySettings]] = PolicySettings
     #: True for policies that use `set_prior` (they estimate a mean reward per drafter).
@@ -265,6 +268,28 @@ class Policy(ABC):
         self._check_ready()
         self._check_arm(arm)
         self._observe(arm, self._check_reward(reward))
+
+    def observe(self, arm: int, reward: float) -> None:
+        """A side observation: the reward `arm` would have earned in a round it did not draft, known in hindsight.
+
+        `MetaCandidateGenerator` makes them under greedy decoding (its *replayed rounds*): what a model-free drafter
+        would have proposed at the round's position is scored once the target's tokens there are known, and the
+        no-draft arm's reward is known without a pull. For a policy with `learns_side_observations` (UCB, UCB-V,
+        `ucb_scaled`, Thompson sampling, epsilon-greedy) a side observation is one more sample of the arm's reward
+        and is recorded exactly like `update` (it counts in :math:`n_i` and *t*). The others ignore it: EXP3's
+        importance weights and the schedules of successive halving and of the discounted and sliding-window UCBs
+        are about pulls, not samples.
+
+        Example:
+            >>> from hf_metasd.policies import get_policy
+            >>> ucb, exp3 = get_policy("ucb"), get_policy("exp3")
+            >>> for policy in (ucb, exp3):
+            ...     policy.reset(num_arms=2); policy.observe(1, 0.5)
+            >>> ucb.counts, exp3.counts
+            ([0, 1], [0, 0])
+        """
+        if self.learns_side_observations:
+            self.update(arm, reward)
 
     def update_all(self, rewards: Mapping[int, float]) -> None:
         """Full-information update: `rewards` maps arms to (counterfactual) rewards observed this round.

@@ -78,6 +78,7 @@ class DiscountedUCB(UCB):
     """
 
     name = "discounted_ucb"
+    learns_side_observations = False  # its discount / window is about pulls
     settings_class = DiscountedUCBSettings
     arm_state = {"discounted_counts": float, "discounted_sums": float}
     discounted_counts: list[float]

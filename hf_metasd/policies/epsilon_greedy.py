@@ -62,6 +62,7 @@ class EpsilonGreedy(Policy):
     """
 
     name = "epsilon_greedy"
+    learns_side_observations = True
     settings_class = EpsilonGreedySettings
     supports_prior = True
 

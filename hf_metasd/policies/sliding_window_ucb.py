@@ -73,6 +73,7 @@ class SlidingWindowUCB(UCB):
     """
 
     name = "sliding_window_ucb"
+    learns_side_observations = False  # its discount / window is about pulls
     settings_class = SlidingWindowUCBSettings
 
     def __init__(self, window: int = 500, beta: float = 0.25, *, seed: int | None = None) -> None:

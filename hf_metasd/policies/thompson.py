@@ -73,6 +73,7 @@ class ThompsonSampling(Policy):
     """
 
     name = "thompson"
+    learns_side_observations = True
     settings_class = ThompsonSamplingSettings
     supports_prior = True
     max_reward = 1.0

@@ -56,6 +56,7 @@ class UCB(IndexPolicy):
     """
 
     name = "ucb"
+    learns_side_observations = True
     settings_class = UCBSettings
     supports_prior = True
     max_reward = 1.0

@@ -91,6 +91,7 @@ class ScaledUCB(IndexPolicy):
     """
 
     name = "ucb_scaled"
+    learns_side_observations = True
     settings_class = ScaledUCBSettings
     supports_prior = True
     max_reward = None

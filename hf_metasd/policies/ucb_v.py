@@ -93,6 +93,7 @@ class UCBV(IndexPolicy):
     """
 
     name = "ucb_v"
+    learns_side_observations = True
     settings_class = UCBVSettings
     supports_prior = True
     arm_state = {"sq_sums": float}
