@@ -452,6 +452,41 @@ class MetaCandidateGenerator(CandidateGenerator):
             self._learn_counterfactual(feedback, input_ids, scores, reward)
         return reward
 
+    def _replay_draft(
+        self, arm: int, prefix: torch.LongTensor, num_tokens: int, first_token: int | None, allowed: Callable
+    ) -> torch.LongTensor:
+        """What `arm` would have drafted after `prefix`, ``(1, n)``, without paying the call's logits processors on
+        every proposal.
+
+        The drafter proposes without them. That changes no accepted count when the proposal's first token is the
+        target's (a token the processors forbid is never the target's, and the drafter keeps the same match) or is
+        one they allow at this position (it misses either way); `allowed(token)` tells, from one run of the
+        processors per round. Only a proposal whose first token they forbid is made again with them: the drafter
+        could then have looked for another match, or abstained.
+        """
+        drafter = self.drafters[arm]
+        tokens, _ = drafter.draft(prefix, num_tokens, do_sample=False)
+        if tokens.shape[-1] == 0 or int(tokens[0, 0]) == first_token or allowed(int(tokens[0, 0])):
+            return tokens
+        tokens, _ = drafter.draft(prefix, num_tokens, logits_processor=self.logits_processor, do_sample=False)
+        return tokens
+
+    def _first_position_filter(self, prefix: torch.LongTensor, vocab_size: int) -> Callable[[int], bool]:
+        """``allowed(token)``: whether the call's logits processors allow `token` right after `prefix` (they run at
+        most once, on the first question)."""
+        if self.logits_processor is None or len(self.logits_processor) == 0:
+            return lambda token: True
+        scores: list[torch.Tensor] = []
+
+        def allowed(token: int) -> bool:
+            if not scores:
+                ones = torch.ones((1, vocab_size), dtype=torch.float32, device=prefix.device)
+                scores.append(self.logits_processor(prefix, ones)[0])
+            value = scores[0][token]
+            return not (torch.isneginf(value) or value == torch.finfo(scores[0].dtype).min)
+
+        return allowed
+
     def _replay(
         self, pending: _Round, feedback: RoundFeedback | None, input_ids: torch.LongTensor, vocab_size: int
     ) -> list[tuple[int, float]]:
@@ -463,14 +498,14 @@ class MetaCandidateGenerator(CandidateGenerator):
         verify = None if feedback is None or pending.tokens is None or pending.first else feedback.seconds
         if verify is not None:
             verify -= feedback.draft_seconds
+        first_token = int(input_ids[0, pending.start]) if input_ids.shape[1] > pending.start else None
+        allowed = self._first_position_filter(prefix, vocab_size)
         for arm in self._replayable:
             if arm == pending.arm or arm in pending.abstained or pending.num_tokens == 0:
                 continue
             begin = self.clock()
             with self.stats.timed("replay"):
-                tokens, _ = self.drafters[arm].draft(
-                    prefix, pending.num_tokens, logits_processor=self.logits_processor, do_sample=False
-                )
+                tokens = self._replay_draft(arm, prefix, pending.num_tokens, first_token, allowed)
             seconds = self.clock() - begin
             if tokens.shape[-1] == 0:  # it would have abstained: nothing to learn, as in a real round
                 continue

@@ -6,11 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import VOCAB, greedy, metasd_greedy, prompts, sharpen, tiny_llama
+from transformers import LogitsProcessor, LogitsProcessorList
 
 import hf_metasd
 import hf_metasd.costs
 import hf_metasd.stats
 from hf_metasd import MetaSDConfigError
+from hf_metasd.candidate_generator import MetaCandidateGenerator
 from hf_metasd.drafters import CorpusDrafter, PromptLookupDrafter
 from hf_metasd.feedback import ReplayedRound, replayed_accepted, replayed_feedback
 from hf_metasd.policies import POLICY_REGISTRY, get_policy
@@ -110,8 +112,27 @@ def test_ucb_treats_a_side_observation_as_a_sample():
 
 
 # ---------------------------------------------------------------------- generate
-def test_side_observations_are_exactly_what_each_drafter_would_have_earned(model, case, unit_clock):
+class Forbid(LogitsProcessor):
+    """Sets the scores of `tokens` to -inf: a drafter must not propose them."""
+
+    def __init__(self, tokens):
+        self.tokens = list(tokens)
+
+    def __call__(self, input_ids, scores):
+        scores = scores.clone()
+        scores[:, self.tokens] = -float("inf")
+        return scores
+
+
+@pytest.mark.parametrize("forbid", [False, True])
+def test_side_observations_are_exactly_what_each_drafter_would_have_earned(model, case, unit_clock, forbid):
     prompt, reference, corpus = case
+    processors = LogitsProcessorList()
+    if forbid:  # a token of the answer and the corpus is forbidden: the output and the drafts change (and, with
+        # this seed, side observations are left to compare)
+        processors.append(Forbid([81]))
+        assert 81 in corpus.index.documents()[0]
+        reference = greedy(model, prompt, 40, logits_processor=processors)
     pool = [PromptLookupDrafter(), corpus]
     out = metasd_greedy(
         model,
@@ -120,6 +141,7 @@ def test_side_observations_are_exactly_what_each_drafter_would_have_earned(model
         assistant_models=pool,
         num_assistant_tokens=N,
         meta_skinny_gemm=False,
+        logits_processor=processors,
         return_dict_in_generate=True,
     )
     assert torch.equal(out.sequences, reference)
@@ -131,7 +153,7 @@ def test_side_observations_are_exactly_what_each_drafter_would_have_earned(model
         others = [d for d in (0, 1) if d != arm and d not in stats.abstained[r]]
         budget = min(N, reference.shape[1] - start - 1)
         for other in others if r > 0 else []:
-            tokens, _ = pool[other].spawn(model).draft(reference[:, :start], budget)
+            tokens, _ = pool[other].spawn(model).draft(reference[:, :start], budget, logits_processor=processors)
             if tokens.shape[-1]:
                 accepted = replayed_accepted(ReplayedRound(other, start, tokens[0].tolist(), 0.0), sequence)
                 if accepted is not None:
@@ -226,3 +248,21 @@ def test_sampling_turns_replay_off_by_itself(model, case):
         return_dict_in_generate=True,
     )
     assert out.metasd.replay_rewards == []
+
+
+@pytest.mark.parametrize("forbidden", [[], [3], [4], [3, 4]])
+def test_a_replayed_proposal_is_the_one_the_drafter_would_have_made_under_the_processors(model, forbidden):
+    # prompt lookup finds "1 2" twice: followed by 3, then by 4; a forbidden continuation sends it to the other match
+    prefix = torch.tensor([[1, 2, 3, 7, 1, 2, 4, 9, 1, 2]])
+    processors = LogitsProcessorList([Forbid(forbidden)] if forbidden else [])
+    calls = []
+    processors.append(type("Count", (LogitsProcessor,), {"__call__": lambda self, ids, s: calls.append(1) or s})())
+    drafter = PromptLookupDrafter()
+    gen = MetaCandidateGenerator([drafter], get_policy("ucb"), num_assistant_tokens=2, logits_processor=processors)
+    expected, _ = gen.drafters[0].draft(prefix, 2, logits_processor=processors)
+    calls.clear()
+    allowed = gen._first_position_filter(prefix, VOCAB)
+    got = gen._replay_draft(0, prefix, 2, first_token=5, allowed=allowed)
+    assert got.tolist() == expected.tolist()
+    if not forbidden:
+        assert len(calls) == 1  # one run of the processors for the round, none per proposed token
