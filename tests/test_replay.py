@@ -3,6 +3,8 @@ policy learns from those side observations (`Policy.observe`)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from conftest import VOCAB, greedy, metasd_greedy, prompts, sharpen, tiny_llama
@@ -100,15 +102,18 @@ def test_side_observations_count_exactly_where_the_policy_learns_them(name):
         assert policy.counts == before
 
 
-def test_ucb_treats_a_side_observation_as_a_sample():
-    observed, pulled = get_policy("ucb", beta=0.5), get_policy("ucb", beta=0.5)
-    for policy in (observed, pulled):
-        policy.reset(num_arms=2)
-        policy.update(0, 0.25)
-    observed.observe(1, 0.75)
-    pulled.update(1, 0.75)
-    assert observed.scores() == pulled.scores()
-    assert observed.select() == 1  # the observed arm is not "untried": no forced pull
+def test_a_side_observation_counts_as_a_sample_not_as_a_round():
+    policy = get_policy("ucb", beta=0.5)
+    policy.reset(num_arms=2)
+    policy.update(0, 0.25)
+    policy.update(0, 0.25)
+    policy.observe(1, 0.75)
+    assert policy.counts == [2, 1] and policy.t == 2
+    # t = 2 rounds: 0.25 + 0.5 sqrt(2 ln 2 / 2) and 0.75 + 0.5 sqrt(2 ln 2 / 1)
+    assert policy.scores() == pytest.approx(
+        [0.25 + 0.5 * math.sqrt(math.log(2)), 0.75 + 0.5 * math.sqrt(2 * math.log(2))]
+    )
+    assert policy.select() == 1  # the observed arm is not "untried": no forced pull, and it leads
 
 
 # ---------------------------------------------------------------------- generate

@@ -270,13 +270,16 @@ class Policy(ABC):
         self._observe(arm, self._check_reward(reward))
 
     def observe(self, arm: int, reward: float) -> None:
-        """A side observation: the reward `arm` would have earned in a round it did not draft, known in hindsight.
+        r"""A side observation: the reward `arm` would have earned in a round it did not draft, known in hindsight.
 
         `MetaCandidateGenerator` makes them under greedy decoding (its *replayed rounds*): what a model-free drafter
         would have proposed at the round's position is scored once the target's tokens there are known, and the
         no-draft arm's reward is known without a pull. For a policy with `learns_side_observations` (UCB, UCB-V,
         `ucb_scaled`, Thompson sampling, epsilon-greedy) a side observation is one more sample of the arm's reward
-        and is recorded exactly like `update` (it counts in :math:`n_i` and *t*). The others ignore it: EXP3's
+        and is recorded like `update`, except that it does not count as a round: it adds to the arm's
+        :math:`n_i` and reward sums, not to *t* (the rounds, whose :math:`\ln t` sizes the index policies' bonus; a
+        side observation every round would otherwise grow every bonus with the number of observations, not with
+        time). The others ignore it: EXP3's
         importance weights and the schedules of successive halving and of the discounted and sliding-window UCBs
         are about pulls, not samples.
 
@@ -285,11 +288,12 @@ class Policy(ABC):
             >>> ucb, exp3 = get_policy("ucb"), get_policy("exp3")
             >>> for policy in (ucb, exp3):
             ...     policy.reset(num_arms=2); policy.observe(1, 0.5)
-            >>> ucb.counts, exp3.counts
-            ([0, 1], [0, 0])
+            >>> ucb.counts, ucb.t, exp3.counts
+            ([0, 1], 0, [0, 0])
         """
         if self.learns_side_observations:
             self.update(arm, reward)
+            self.t -= 1  # a sample, not a round
 
     def update_all(self, rewards: Mapping[int, float]) -> None:
         """Full-information update: `rewards` maps arms to (counterfactual) rewards observed this round.

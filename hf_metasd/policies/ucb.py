@@ -33,8 +33,8 @@ class UCB(IndexPolicy):
 
     .. math:: i_t = \arg\max_i \; \bar r_i + \beta \sqrt{2 \ln t / n_i}
 
-    where :math:`\bar r_i` is drafter *i*'s mean reward, :math:`n_i` its number of pulls and :math:`t = \sum_i n_i`
-    the number of rounds so far. Ties go to the lowest index. Rewards must lie in ``[0, 1]`` (values within 1e-6
+    where :math:`\bar r_i` is drafter *i*'s mean reward, :math:`n_i` its number of pulls (and side observations,
+    `Policy.observe`) and *t* the number of rounds so far (pulls). Ties go to the lowest index. Rewards must lie in ``[0, 1]`` (values within 1e-6
     outside are clipped): the bonus is sized for that range.
 
     With a prior (`set_prior`), :math:`n_i` and :math:`\bar r_i` include drafter *i*'s pseudo-observations and *t*

@@ -40,7 +40,7 @@ class ScaledUCB(IndexPolicy):
         \bar\sigma^2 = \max_{u \le t} \frac{1}{T_u} \sum_{(j, s) \text{ by } u} (r_{j,s} - \bar r_u)^2
 
     Symbols: :math:`\bar r_i`, :math:`n_i` and :math:`V_i = \frac{1}{n_i} \sum_s (r_{i,s} - \bar r_i)^2` drafter
-    *i*'s mean reward, pulls and empirical variance; :math:`t = \sum_j n_j` the rounds so far; :math:`\bar\sigma^2`
+    *i*'s mean reward, pulls and empirical variance; :math:`t` the rounds so far (pulls; side observations add to :math:`n_i` only); :math:`\bar\sigma^2`
     the widest spread of rewards seen so far: at each round *u*, the variance of *every* reward observed by then
     around their grand mean :math:`\bar r_u` (:math:`T_u` rewards), and the largest of these. So :math:`\hat\sigma_i^2` is drafter *i*'s variance shrunk towards the spread of all rewards by one
     pseudo-observation: after one pull a drafter's bonus is sized by how much rewards differ at all, after many by
