@@ -30,8 +30,9 @@ def test_embedded_pool_is_shipped_and_loads(real):
     card = embedded_pool_path().joinpath("README.md").read_text()
     names = [d.name for d in pool.drafters]
     assert names == [entry["name"] for entry in config["drafters"]]
-    assert names == ["prompt_lookup", "general", "corpus_mt_bench", "corpus_code"]
-    assert [d.kind for d in pool.drafters] == ["prompt_lookup", "assistant_model", "corpus", "corpus"]
+    corpora = ["corpus_mt_bench", "corpus_code", "corpus_qa", "corpus_rag", "corpus_math_reasoning"]
+    assert names == ["prompt_lookup", "general", *corpora]
+    assert [d.kind for d in pool.drafters] == ["prompt_lookup", "assistant_model"] + ["corpus"] * len(corpora)
     assert all(f"`{name}`" in card for name in names)  # the card lists every arm
     assert (pool.policy, pool.reward, pool.num_assistant_tokens) == ("ucb", "speed", 3)
 
