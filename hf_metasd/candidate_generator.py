@@ -1,4 +1,4 @@
-"""`MetaCandidateGenerator`: transformers' candidate-generator contract over a pool of drafters.
+r"""`MetaCandidateGenerator`: transformers' candidate-generator contract over a pool of drafters.
 
 Each round is a fixed sequence of named steps, split over the contract's two methods:
 
@@ -27,6 +27,15 @@ the observation is exact. Its cost is its own proposing plus the round's verific
 `speed` reward is known without a pull (:math:`1 / (N + 1)`), is observed too. A cheap arm is then learnt without
 the rounds it would take to pull it, and exploration is left to the model drafters.
 
+**Confidence stop** (``confidence_stop``; on by default with the no-draft arm): a model drafter
+(`Drafter.stops_on_confidence`) stops drafting after token :math:`k` once the product of its drafted tokens'
+probabilities :math:`P_k` falls below :math:`\hat d_a / \hat c_{plain}`, its measured seconds per drafting step over
+the measured seconds of a plain target step. Token :math:`k + 1` can only be accepted if the first :math:`k` are, so
+it is worth at most :math:`P_k` target steps, less than the drafting step it costs. Both costs are measured on this
+machine (smoothed, cached per process like the round costs: `hf_metasd.costs.CostModel`); before both are known
+the drafter drafts the full length. A drafter that knows nothing (an untrained model: :math:`P_1 \approx 1/V`) then
+drafts one token per pull instead of `num_assistant_tokens`, and its exploration costs less.
+
 Bandit maths lives in `hf_metasd.policies`, model code in `hf_metasd.drafters`, reward maths in `hf_metasd.rewards`
 and `hf_metasd.feedback`, costs in `hf_metasd.costs`.
 """
@@ -44,6 +53,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 from ._validation import check_int
 from .costs import CostModel
 from .drafters import Drafter, unique_names
+from .drafters.prompt_lookup import forbidden_tokens
 from .errors import MetaSDConfigError, PolicyArmError
 from .feedback import (
     ReplayedRound,
@@ -72,6 +82,7 @@ class _Round:
     verify_started: float
     abstained: list[int] = field(default_factory=list)
     prefill_seconds: float = 0.0  # a drafter's first ingest of the prompt: not part of its round cost
+    min_confidence: float | None = None  # the confidence stop passed to the drafter (None: none)
     first: bool = False
     start: int = 0  # sequence length at the round's start
     num_tokens: int = 0  # the round's draft length
@@ -98,6 +109,8 @@ class MetaCandidateGenerator(CandidateGenerator):
         no_draft: whether the pool has the no-draft arm (``None``: exactly when the reward is cost-aware).
         replay: replayed rounds (see the module docstring); ``None``: on under greedy decoding when the reward can
             score them and the policy `learns_side_observations`.
+        confidence_stop: the confidence stop of model drafters (see the module docstring); ``None``: on when the
+            pool has the no-draft arm (whose plain-step cost it needs).
         target: the target model (its process-level cost cache; see `CostModel`).
         cost_smoothing: the cost model's smoothing.
         clock: the stopwatch of the call (injectable for tests).
@@ -131,6 +144,7 @@ class MetaCandidateGenerator(CandidateGenerator):
         warm_start: int = 0,
         no_draft: bool | None = None,
         replay: bool | None = None,
+        confidence_stop: bool | None = None,
         target: Any = None,
         cost_smoothing: float = 0.3,
         clock: Callable[[], float] | None = None,
@@ -199,6 +213,11 @@ class MetaCandidateGenerator(CandidateGenerator):
         self.clock = self.stats.clock
         keys = [_cost_key(d) for d in self.drafters] + ([NO_DRAFT] if self.no_draft else [])
         self.costs = CostModel(keys, smoothing=cost_smoothing, target=target)
+        # seconds per drafting step (a forward of one drafted token), for the confidence stop
+        self.step_costs = CostModel(
+            [("draft_step", key) for key in keys[: len(self.drafters)]], smoothing=cost_smoothing, target=target
+        )
+        self.confidence_stop = self._confidence_stop_setting(confidence_stop, reward)
         self._prompt_length: int | None = None
         self._warm_window = 0
         self._warm_logits: dict[int, torch.Tensor] = {}
@@ -230,6 +249,30 @@ class MetaCandidateGenerator(CandidateGenerator):
             )
         return replay
 
+    def _confidence_stop_setting(self, confidence_stop: bool | None, reward: Any) -> bool:
+        """`confidence_stop` resolved: ``None`` becomes whether the no-draft arm measures a plain step."""
+        if confidence_stop is not None and not isinstance(confidence_stop, bool):
+            raise MetaSDConfigError(
+                f"`meta_confidence_stop` must be True, False or None (automatic), but is {confidence_stop!r}. "
+                "Pass a bool, or leave it out."
+            )
+        if confidence_stop and not self.no_draft:
+            raise MetaSDConfigError(
+                "`meta_confidence_stop` needs the no-draft arm (it compares a drafting step with a plain step), but "
+                f"this call has none (reward {reward_name(reward)!r}). Pass `meta_confidence_stop=False`, or leave "
+                "it out (automatic)."
+            )
+        return self.no_draft if confidence_stop is None else confidence_stop
+
+    def _min_confidence(self, arm: int) -> float | None:
+        """The confidence stop for `arm`: its seconds per drafting step over a plain step's, once both are known."""
+        if not self.confidence_stop or not self.drafters[arm].stops_on_confidence:
+            return None
+        step, plain = self.step_costs.estimate(arm), self.costs.estimate(self.no_draft_arm)
+        if step is None or not plain:
+            return None
+        return step / plain
+
     # ------------------------------------------------------------------ get_candidates
     def get_candidates(
         self, input_ids: torch.LongTensor, **kwargs: Any
@@ -243,14 +286,17 @@ class MetaCandidateGenerator(CandidateGenerator):
         first = self._start_round(input_ids, kwargs.get("model_outputs"))
         arm = self._select(first)
         num_tokens = self._draft_length(input_ids)
-        if first and self._warm_window:
-            self.model_kwargs_overrides = {"logits_to_keep": self._warm_window + num_tokens + 1}
         pending = _Round(
             arm, None, None, started, started, first=first, start=input_ids.shape[1], num_tokens=num_tokens
         )
         tokens, logits = self._draft(pending, input_ids, num_tokens, warm=first and self._warm_window > 0)
         pending.verify_started = self.clock()
         self._pending = pending
+        if first and self._warm_window:
+            # the target's first pass keeps its logits from position L - w - 1 on: the window and what was drafted
+            # (fewer than `num_tokens` when the drafter stopped early or abstained)
+            drafted = 0 if tokens is None else tokens.shape[-1]
+            self.model_kwargs_overrides = {"logits_to_keep": self._warm_window + drafted + 1}
         if tokens is None:
             return input_ids, None
         pending.tokens = tokens[0]
@@ -309,10 +355,17 @@ class MetaCandidateGenerator(CandidateGenerator):
             if arm == self.no_draft_arm or num_tokens == 0:
                 return None, None
             self._catch_up(pending, input_ids, warm=warm)
+            drafter = self.drafters[arm]
+            pending.min_confidence = self._min_confidence(arm)
+            stop = {} if pending.min_confidence is None else {"min_confidence": pending.min_confidence}
+            start = self.clock()
             with self.stats.timed("draft"):
-                tokens, logits = self.drafters[arm].draft(
-                    input_ids, num_tokens, logits_processor=self.logits_processor, do_sample=self.do_sample
+                tokens, logits = drafter.draft(
+                    input_ids, num_tokens, logits_processor=self.logits_processor, do_sample=self.do_sample, **stop
                 )
+            if drafter.stops_on_confidence and tokens.shape[-1] > 1:
+                # the first token comes from the catch-up's logits; each further one cost one forward
+                self.step_costs.observe(arm, (self.clock() - start) / (tokens.shape[-1] - 1))
             self._last_arm = arm
             if tokens.shape[-1] > 0:
                 return tokens, logits
@@ -383,6 +436,7 @@ class MetaCandidateGenerator(CandidateGenerator):
         stats.new_tokens.append(kept)
         stats.rewards.append(reward)
         stats.abstained.append(list(pending.abstained))
+        stats.min_confidence.append(pending.min_confidence)
         stats.catch_up_tokens.append(
             self.drafters[pending.arm].last_catch_up_tokens if pending.arm != self.no_draft_arm else 0
         )
@@ -476,14 +530,12 @@ class MetaCandidateGenerator(CandidateGenerator):
         most once, on the first question)."""
         if self.logits_processor is None or len(self.logits_processor) == 0:
             return lambda token: True
-        scores: list[torch.Tensor] = []
+        forbidden: list[torch.Tensor] = []
 
         def allowed(token: int) -> bool:
-            if not scores:
-                ones = torch.ones((1, vocab_size), dtype=torch.float32, device=prefix.device)
-                scores.append(self.logits_processor(prefix, ones)[0])
-            value = scores[0][token]
-            return not (torch.isneginf(value) or value == torch.finfo(scores[0].dtype).min)
+            if not forbidden:
+                forbidden.append(forbidden_tokens(self.logits_processor, prefix, vocab_size))
+            return not bool(forbidden[0][token])
 
         return allowed
 
@@ -536,24 +588,28 @@ class MetaCandidateGenerator(CandidateGenerator):
                 observed.append((replayed.arm, value))
         self._replays = waiting
         if self.no_draft and pending.arm != self.no_draft_arm and plain is not None:
-            empty = input_ids.new_zeros(0)
-            plain_round = self._reward(
-                RoundFeedback(
-                    arm=self.no_draft_arm,
-                    draft_tokens=empty,
-                    target_logits=torch.zeros(0, vocab_size),
-                    draft_logits=None,
-                    num_accepted=0,
-                    num_assistant_tokens=self.num_assistant_tokens,
-                    arm_seconds=plain,
-                    plain_seconds=plain,
-                )
-            )
-            observed.append((self.no_draft_arm, plain_round))
+            observed.append((self.no_draft_arm, self._no_draft_reward(plain, vocab_size)))
         with self.stats.timed("policy"):
             for arm, value in observed:
                 self.policy.observe(arm, value)
         return observed
+
+    def _no_draft_reward(self, plain_seconds: float, vocab_size: int) -> float:
+        """The reward of a plain step, known without one (the no-draft arm drafts nothing and costs a plain step;
+        under `speed`, :math:`1 / (N + 1)`)."""
+        plain_round = RoundFeedback(
+            arm=self.no_draft_arm,
+            draft_tokens=torch.zeros(0, dtype=torch.long),
+            target_logits=torch.zeros(0, vocab_size),
+            draft_logits=None,
+            num_accepted=0,
+            seconds=plain_seconds,
+            num_assistant_tokens=self.num_assistant_tokens,
+            arm_seconds=plain_seconds,
+            plain_seconds=plain_seconds,
+        )
+        with self.stats.timed("reward"):
+            return float(self.reward(plain_round))
 
     def _learn_counterfactual(
         self, feedback: RoundFeedback, input_ids: torch.LongTensor, scores: torch.Tensor, reward: float
@@ -573,7 +629,7 @@ class MetaCandidateGenerator(CandidateGenerator):
                 rewards[other] = value
                 accepted_by[other] = matches
         if self.no_draft and self.no_draft_arm != feedback.arm and feedback.plain_seconds is not None:
-            rewards[self.no_draft_arm] = 1.0 / (self.num_assistant_tokens + 1)
+            rewards[self.no_draft_arm] = self._no_draft_reward(feedback.plain_seconds, scores.shape[-1])
         self.stats.counterfactual_rewards.append(rewards)
         self.stats.counterfactual_accepted.append(accepted_by)
         with self.stats.timed("policy"):

@@ -53,6 +53,7 @@ DEFAULTS: dict[str, Any] = {
     "meta_skinny_gemm": None,
     "meta_no_draft": None,
     "meta_replay": None,
+    "meta_confidence_stop": None,
     "meta_priors": None,
     "meta_prior_weight": None,
 }
@@ -134,7 +135,7 @@ def _check_settings(settings: dict[str, Any]) -> None:
     for key in ("meta_full_information",):
         if not isinstance(settings[key], bool):
             raise MetaSDConfigError(f"`{key}` must be True or False, but is {settings[key]!r}. Pass a bool.")
-    for key in ("meta_skinny_gemm", "meta_no_draft", "meta_replay"):
+    for key in ("meta_skinny_gemm", "meta_no_draft", "meta_replay", "meta_confidence_stop"):
         if settings[key] is not None and not isinstance(settings[key], bool):
             raise MetaSDConfigError(
                 f"`{key}` must be True, False or None (automatic), but is {settings[key]!r}. Pass a bool, or leave it out."
@@ -245,6 +246,7 @@ def build_candidate_generator(
         warm_start=settings["meta_warm_start"],
         no_draft=settings["meta_no_draft"],
         replay=settings["meta_replay"],
+        confidence_stop=settings["meta_confidence_stop"],
         target=model,
     )
     if priors is not None:
@@ -344,6 +346,7 @@ def generate(
     meta_skinny_gemm: bool | None = None,
     meta_no_draft: bool | None = None,
     meta_replay: bool | None = None,
+    meta_confidence_stop: bool | None = None,
     meta_priors: dict[str, float] | None = None,
     meta_prior_weight: float | None = None,
     metasd_streamer: Any = None,
@@ -374,6 +377,9 @@ def generate(
             (`Policy.observe`). ``None`` (default): on under greedy decoding with a reward that can score them
             (``speed``, ``be``, ``eal``) and a policy that learns side observations; ``True`` where it cannot
             apply is refused.
+        meta_confidence_stop: model drafters stop drafting once the product of their drafted tokens' probabilities
+            falls below their measured cost per drafting step over a plain target step's (see
+            `MetaCandidateGenerator`). ``None`` (default): on when the pool has the no-draft arm.
         meta_priors: prior mean rewards by arm name (``"no_draft"`` for the no-draft arm), given to the policy as
             pseudo-observations (`Policy.set_prior`). A pool brings the priors measured when it was built; they
             apply when the call uses the pool's reward and a fresh policy that takes priors.
@@ -399,6 +405,7 @@ def generate(
         "meta_skinny_gemm": meta_skinny_gemm,
         "meta_no_draft": meta_no_draft,
         "meta_replay": meta_replay,
+        "meta_confidence_stop": meta_confidence_stop,
         "meta_priors": meta_priors,
         "meta_prior_weight": meta_prior_weight,
     }

@@ -45,7 +45,8 @@ class MetaSDStats:
     (accepted by the target and before any stopping criterion fired), ``new_tokens[r]`` the tokens the round added to
     the output, ``rewards[r]`` the reward given to the policy (``None``: the policy was not updated for this round),
     ``abstained[r]`` the arms the policy chose first that had nothing to propose (not pulls: the round went to the
-    policy's `fallback`).
+    policy's `fallback`), ``min_confidence[r]`` the confidence stop the drafter drafted under (``None``: none; see
+    `MetaCandidateGenerator`).
 
     Seconds (all from one clock, `clock`): ``draft_seconds`` (drafters' drafting steps, and catch-up of a drafter that
     also drafted the round before: the tokens it is bound to ingest), ``prefill_seconds`` (each drafter's first ingest
@@ -70,6 +71,7 @@ class MetaSDStats:
     rewards: list[float | None] = field(default_factory=list)
     catch_up_tokens: list[int] = field(default_factory=list)
     abstained: list[list[int]] = field(default_factory=list)
+    min_confidence: list[float | None] = field(default_factory=list)
     draft_seconds: float = 0.0
     prefill_seconds: float = 0.0
     catch_up_seconds: float = 0.0

@@ -28,11 +28,12 @@ sys.path.insert(0, str(REPO_ROOT / "recipes"))
 from generate_task_outputs import task_split  # noqa: E402
 from train_drafters import TASKS  # noqa: E402
 
+#: name -> (policy, policy kwargs[, other MetaSD settings of `generate`])
 SETTINGS = {
+    "ucb_scaled (the default)": ("ucb_scaled", {}),
+    "ucb_scaled, no confidence stop": ("ucb_scaled", {}, {"meta_confidence_stop": False}),
     "ucb beta=1 (the paper's default)": ("ucb", {}),
     "ucb beta=0.1": ("ucb", {"beta": 0.1}),
-    "ucb beta=0.02": ("ucb", {"beta": 0.02}),
-    "ucb_v c=0.1": ("ucb_v", {"c": 0.1}),
 }
 
 
@@ -42,7 +43,9 @@ def main() -> None:
     parser.add_argument("--drafters", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--settings", type=json.loads, default=SETTINGS, help="JSON: name -> [policy, kwargs]")
+    parser.add_argument(
+        "--settings", type=json.loads, default=SETTINGS, help="JSON: name -> [policy, kwargs(, settings)]"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target, tokenizer = load_default_target(torch.float32)
@@ -57,7 +60,7 @@ def main() -> None:
         start = time.perf_counter()
         reference = target.generate(ids, **common)
         seconds["plain"] += time.perf_counter() - start
-        for name, (policy, kwargs) in args.settings.items():
+        for name, (policy, kwargs, *settings) in args.settings.items():
             start = time.perf_counter()
             out = target.generate(
                 ids,
@@ -65,6 +68,7 @@ def main() -> None:
                 assistant_models=pool,
                 meta_policy=policy,
                 meta_policy_kwargs=kwargs,
+                **(settings[0] if settings else {}),
                 **common,
             )
             seconds[name] += time.perf_counter() - start

@@ -112,6 +112,19 @@ def lossless_under(
     return stats
 
 
+class FakeClock:
+    """Time advances only when a model runs: `units` per forward pass of each charged model (`charge`)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def charge(self, model, units):
+        return model.register_forward_pre_hook(lambda *_: setattr(self, "now", self.now + units))
+
+
 class StopAfter(StoppingCriteria):
     """Fires once `n` tokens were added after the prompt; records the length of every sequence it is called with."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import greedy, metasd_greedy, prompts, sharpen, tiny_llama
+from conftest import FakeClock, greedy, metasd_greedy, prompts, sharpen, tiny_llama
 
 import hf_metasd.costs
 import hf_metasd.stats
@@ -13,19 +13,6 @@ from hf_metasd import MetaSDConfigError
 from hf_metasd.costs import CostModel
 
 PROMPT = prompts(1, seed=5)[0]
-
-
-class FakeClock:
-    """Time advances only when a model runs: `costs[model]` units per forward pass."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-    def charge(self, model, units):
-        return model.register_forward_pre_hook(lambda *_: setattr(self, "now", self.now + units))
 
 
 @pytest.fixture
@@ -94,7 +81,9 @@ def test_speed_rewards_are_exact_under_the_fake_clock(target, target_copy, clock
     out = _run(target, [target_copy], clock, [(target, 10.0), (target_copy, 2.0)], new_tokens=20, meta_policy="fixed")
     # fixed ignores rewards and never asks for the calibration round: the plain-step cost stays unknown
     assert all(r is None for r in out.metasd.rewards) and out.metasd.drafter_names[1] not in out.metasd.arms
-    out = _run(target, [target_copy], clock, [(target, 10.0), (target_copy, 2.0)], new_tokens=40)
+    # full drafts only (the confidence stop, tested in test_confidence_stop.py, would cut some and change the costs)
+    charges = [(target, 10.0), (target_copy, 2.0)]
+    out = _run(target, [target_copy], clock, charges, new_tokens=40, meta_confidence_stop=False)
     stats = out.metasd
     # a copy round: catch-up 1 forward + 2 drafting forwards (2 each) + verify 10 = 16 units for 4 tokens; plain: 10
     copy_rounds = [r for r, (a, d) in enumerate(zip(stats.arms, stats.drafted)) if a == 0 and d == 3]

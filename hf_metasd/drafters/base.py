@@ -189,6 +189,10 @@ class Drafter(ABC):
     #: it would have drafted at an earlier position can be proposed and scored in hindsight (replayed rounds, see
     #: `hf_metasd.candidate_generator`). Prompt lookup and corpus drafters are; model drafters are not.
     replayable: ClassVar[bool] = False
+    #: Whether `draft` takes ``min_confidence=`` and may stop early once the product of its drafted tokens'
+    #: probabilities falls below it (model drafters; see `ModelDrafter`). The candidate generator passes it only to
+    #: drafters that set this.
+    stops_on_confidence: ClassVar[bool] = False
 
     #: Where a pool loaded the drafter from; ``None`` for a drafter built in memory (see the class docstring).
     source: dict[str, Any] | None = None

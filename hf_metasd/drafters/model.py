@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from .._validation import check_real
 from ..errors import DrafterCompatibilityError
 from .base import Drafter, eval_mode, require_path, target_vocab_size
 from .prefill import (
@@ -37,11 +38,16 @@ def _common_prefix_length(cached: torch.Tensor, input_ids: torch.Tensor) -> int:
 
 
 class ModelDrafter(Drafter):
-    """Drafts with a small causal LM (the paper's black-box drafter).
+    r"""Drafts with a small causal LM (the paper's black-box drafter).
 
     The drafter keeps a `DynamicCache` across rounds. `catch_up` crops the cache to the prefix it shares with the
     current sequence (drafted tokens the target rejected are dropped) and ingests the missing tokens in **one**
-    forward pass, however many rounds other drafters ran in between; `draft` then runs `num_tokens` single-token steps.
+    forward pass, however many rounds other drafters ran in between; `draft` then runs up to `num_tokens` single-token
+    steps. With ``min_confidence`` (the candidate generator passes the drafter's measured step cost over the target's,
+    see `~hf_metasd.candidate_generator.MetaCandidateGenerator`), drafting stops after token :math:`k` once
+    :math:`P_k = \prod_{j \le k} q_j(x_j) <` ``min_confidence``, with :math:`q_j` the drafter's processed
+    distribution at step :math:`j`: the next token can only be accepted if all :math:`k` are, so its expected worth
+    in target steps is at most :math:`P_k`, below what one more drafter step costs.
 
     Args:
         model: a `PreTrainedModel` causal LM whose vocabulary is the target's.
@@ -72,6 +78,7 @@ class ModelDrafter(Drafter):
     """
 
     kind = "assistant_model"
+    stops_on_confidence = True
 
     def __init__(
         self,
@@ -275,24 +282,39 @@ class ModelDrafter(Drafter):
         *,
         logits_processor: Any = None,
         do_sample: bool = False,
+        min_confidence: float | None = None,
     ) -> tuple[torch.LongTensor, torch.FloatTensor]:
+        """Up to `num_tokens` tokens after `input_ids` ``(1, L)`` and their processed logits ``(1, n, V)``; with
+        `min_confidence`, stop early once the product of the drafted tokens' probabilities falls below it (see the
+        class docstring; at least one token is drafted)."""
+        if min_confidence is not None:
+            check_real(
+                "min_confidence", min_confidence, low=0.0, hint="Pass the cost ratio of a drafter step, or None."
+            )
         if self._next_logits is None or self._ids.shape[1] != input_ids.shape[1]:
             self.catch_up(input_ids)
         ids = input_ids.to(self.model.device)
         logits = self._next_logits
         tokens, scores = [], []
+        confidence = 1.0
         for step in range(num_tokens):
             if logits_processor is not None and len(logits_processor) > 0:
                 logits = logits_processor(ids, logits.clone())
+            probs = torch.softmax(logits, dim=-1) if do_sample or min_confidence is not None else None
             if do_sample:
-                token = torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1)
+                token = torch.multinomial(probs, num_samples=1)
             else:
                 token = logits.argmax(dim=-1, keepdim=True)
             tokens.append(token)
             scores.append(logits)
             ids = torch.cat([ids, token], dim=-1)
-            if step < num_tokens - 1:
-                logits = self._forward(token, 1)[:, -1]
+            if step == num_tokens - 1:
+                break
+            if min_confidence is not None:
+                confidence *= float(probs.gather(-1, token))
+                if confidence < min_confidence:
+                    break
+            logits = self._forward(token, 1)[:, -1]
         # the cache now covers everything but the last drafted token
         self._ids = ids[:, :-1]
         self._next_logits = None

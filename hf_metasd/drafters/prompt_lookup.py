@@ -17,7 +17,7 @@ from .._validation import check_int
 from . import register_drafter_kind
 from .base import Drafter, target_vocab_size
 
-__all__ = ["PromptLookupDrafter", "logits_processor_filter", "prompt_lookup_candidates"]
+__all__ = ["PromptLookupDrafter", "forbidden_tokens", "logits_processor_filter", "prompt_lookup_candidates"]
 
 
 def prompt_lookup_candidates(
@@ -73,6 +73,20 @@ def prompt_lookup_candidates(
     return ids[0, :0]
 
 
+def forbidden_tokens(logits_processor: Any, prefix: torch.Tensor, width: int) -> torch.Tensor:
+    """``(width,)`` bool: the tokens `logits_processor` forbids right after `prefix` ``(1, L)``, i.e. sets to -inf or
+    the dtype's minimum when run on constant logits (transformers' trick for model-free candidates).
+
+    Example:
+        >>> from transformers import LogitsProcessorList, MinLengthLogitsProcessor
+        >>> no_eos = LogitsProcessorList([MinLengthLogitsProcessor(10, eos_token_id=2)])
+        >>> forbidden_tokens(no_eos, torch.tensor([[5, 6]]), 4).tolist()
+        [False, False, True, False]
+    """
+    scores = logits_processor(prefix, torch.ones((1, width), dtype=torch.float32, device=prefix.device))[0]
+    return torch.isneginf(scores) | (scores == torch.finfo(scores.dtype).min)
+
+
 def logits_processor_filter(
     logits_processor: Any, width: int | None
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
@@ -85,9 +99,7 @@ def logits_processor_filter(
         allowed = torch.ones(candidates.shape[0], dtype=torch.bool)
         sequence = prefix
         for i, token in enumerate(candidates.tolist()):
-            scores = logits_processor(sequence, torch.ones((1, width), dtype=torch.float32, device=prefix.device))
-            value = scores[0, token]
-            if torch.isneginf(value) or value == torch.finfo(scores.dtype).min:
+            if forbidden_tokens(logits_processor, sequence, width)[token]:
                 allowed[i:] = False
                 break
             sequence = torch.cat([prefix, candidates[: i + 1].unsqueeze(0)], dim=1)
