@@ -27,14 +27,15 @@ the observation is exact. Its cost is its own proposing plus the round's verific
 `speed` reward is known without a pull (:math:`1 / (N + 1)`), is observed too. A cheap arm is then learnt without
 the rounds it would take to pull it, and exploration is left to the model drafters.
 
-**Confidence stop** (``confidence_stop``; on by default with the no-draft arm): a model drafter
+**Confidence stop** (``confidence_stop``, off by default; needs the no-draft arm): a model drafter
 (`Drafter.stops_on_confidence`) stops drafting after token :math:`k` once the product of its drafted tokens'
 probabilities :math:`P_k` falls below :math:`\hat d_a / \hat c_{plain}`, its measured seconds per drafting step over
 the measured seconds of a plain target step. Token :math:`k + 1` can only be accepted if the first :math:`k` are, so
 it is worth at most :math:`P_k` target steps, less than the drafting step it costs. Both costs are measured on this
 machine (smoothed, cached per process like the round costs: `hf_metasd.costs.CostModel`); before both are known
 the drafter drafts the full length. A drafter that knows nothing (an untrained model: :math:`P_1 \approx 1/V`) then
-drafts one token per pull instead of `num_assistant_tokens`, and its exploration costs less.
+drafts one token per pull instead of `num_assistant_tokens`. Off by default: on dev prompts it changed nothing
+measurable (docs/concepts.md, "Confidence stop").
 
 Bandit maths lives in `hf_metasd.policies`, model code in `hf_metasd.drafters`, reward maths in `hf_metasd.rewards`
 and `hf_metasd.feedback`, costs in `hf_metasd.costs`.
@@ -109,8 +110,8 @@ class MetaCandidateGenerator(CandidateGenerator):
         no_draft: whether the pool has the no-draft arm (``None``: exactly when the reward is cost-aware).
         replay: replayed rounds (see the module docstring); ``None``: on under greedy decoding when the reward can
             score them and the policy `learns_side_observations`.
-        confidence_stop: the confidence stop of model drafters (see the module docstring); ``None``: on when the
-            pool has the no-draft arm (whose plain-step cost it needs).
+        confidence_stop: the confidence stop of model drafters (see the module docstring); needs the no-draft arm
+            (whose plain-step cost it reads).
         target: the target model (its process-level cost cache; see `CostModel`).
         cost_smoothing: the cost model's smoothing.
         clock: the stopwatch of the call (injectable for tests).
@@ -144,7 +145,7 @@ class MetaCandidateGenerator(CandidateGenerator):
         warm_start: int = 0,
         no_draft: bool | None = None,
         replay: bool | None = None,
-        confidence_stop: bool | None = None,
+        confidence_stop: bool = False,
         target: Any = None,
         cost_smoothing: float = 0.3,
         clock: Callable[[], float] | None = None,
@@ -249,20 +250,19 @@ class MetaCandidateGenerator(CandidateGenerator):
             )
         return replay
 
-    def _confidence_stop_setting(self, confidence_stop: bool | None, reward: Any) -> bool:
-        """`confidence_stop` resolved: ``None`` becomes whether the no-draft arm measures a plain step."""
-        if confidence_stop is not None and not isinstance(confidence_stop, bool):
+    def _confidence_stop_setting(self, confidence_stop: bool, reward: Any) -> bool:
+        """`confidence_stop` checked: a bool, and True only with the no-draft arm."""
+        if not isinstance(confidence_stop, bool):
             raise MetaSDConfigError(
-                f"`meta_confidence_stop` must be True, False or None (automatic), but is {confidence_stop!r}. "
-                "Pass a bool, or leave it out."
+                f"`meta_confidence_stop` must be True or False, but is {confidence_stop!r}. Pass a bool."
             )
         if confidence_stop and not self.no_draft:
             raise MetaSDConfigError(
                 "`meta_confidence_stop` needs the no-draft arm (it compares a drafting step with a plain step), but "
-                f"this call has none (reward {reward_name(reward)!r}). Pass `meta_confidence_stop=False`, or leave "
-                "it out (automatic)."
+                f"this call has none (reward {reward_name(reward)!r}). Use `meta_reward='speed'`, or "
+                "`meta_confidence_stop=False`."
             )
-        return self.no_draft if confidence_stop is None else confidence_stop
+        return confidence_stop
 
     def _min_confidence(self, arm: int) -> float | None:
         """The confidence stop for `arm`: its seconds per drafting step over a plain step's, once both are known."""

@@ -53,7 +53,7 @@ DEFAULTS: dict[str, Any] = {
     "meta_skinny_gemm": None,
     "meta_no_draft": None,
     "meta_replay": None,
-    "meta_confidence_stop": None,
+    "meta_confidence_stop": False,
     "meta_priors": None,
     "meta_prior_weight": None,
 }
@@ -132,10 +132,10 @@ def resolve_settings(
 
 
 def _check_settings(settings: dict[str, Any]) -> None:
-    for key in ("meta_full_information",):
+    for key in ("meta_full_information", "meta_confidence_stop"):
         if not isinstance(settings[key], bool):
             raise MetaSDConfigError(f"`{key}` must be True or False, but is {settings[key]!r}. Pass a bool.")
-    for key in ("meta_skinny_gemm", "meta_no_draft", "meta_replay", "meta_confidence_stop"):
+    for key in ("meta_skinny_gemm", "meta_no_draft", "meta_replay"):
         if settings[key] is not None and not isinstance(settings[key], bool):
             raise MetaSDConfigError(
                 f"`{key}` must be True, False or None (automatic), but is {settings[key]!r}. Pass a bool, or leave it out."
@@ -379,7 +379,8 @@ def generate(
             apply is refused.
         meta_confidence_stop: model drafters stop drafting once the product of their drafted tokens' probabilities
             falls below their measured cost per drafting step over a plain target step's (see
-            `MetaCandidateGenerator`). ``None`` (default): on when the pool has the no-draft arm.
+            `MetaCandidateGenerator`); needs the no-draft arm. Default False: on dev prompts it changed nothing
+            measurable (docs/concepts.md).
         meta_priors: prior mean rewards by arm name (``"no_draft"`` for the no-draft arm), given to the policy as
             pseudo-observations (`Policy.set_prior`). A pool brings the priors measured when it was built; they
             apply when the call uses the pool's reward and a fresh policy that takes priors.

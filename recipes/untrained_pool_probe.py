@@ -1,11 +1,14 @@
 """How close a pool of useless drafters gets to plain speed, by exploration setting (dev prompts only).
 
+With ``--embedded``, the embedded pool instead, under its own defaults with and without the confidence stop.
+
 A pool of `--drafters` untrained 2-layer drafters of the target's vocabulary (plus the no-draft arm), the first dev
 prompt of each task (`recipes/generate_task_outputs.py`'s split: never a benchmark prompt, never a training prompt),
 greedy, `--max-new-tokens` tokens, a fresh policy per call. Prints the wall time of plain `generate` and of MetaSD
 under each policy setting, measured in one run on this machine, and checks every output against plain `generate`.
 
     python recipes/untrained_pool_probe.py
+    python recipes/untrained_pool_probe.py --embedded
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch
 import hf_metasd
 from hf_metasd import DrafterPool
 from hf_metasd.benchmark.methods import untrained_drafters
-from hf_metasd.benchmark.offline import load_default_target
+from hf_metasd.benchmark.offline import load_default_target, load_embedded_pool
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "recipes"))
@@ -31,9 +34,14 @@ from train_drafters import TASKS  # noqa: E402
 #: name -> (policy, policy kwargs[, other MetaSD settings of `generate`])
 SETTINGS = {
     "ucb_scaled (the default)": ("ucb_scaled", {}),
-    "ucb_scaled, no confidence stop": ("ucb_scaled", {}, {"meta_confidence_stop": False}),
+    "ucb_scaled + confidence stop": ("ucb_scaled", {}, {"meta_confidence_stop": True}),
     "ucb beta=1 (the paper's default)": ("ucb", {}),
     "ucb beta=0.1": ("ucb", {"beta": 0.1}),
+}
+#: the same for `--embedded` (policy None: the pool's own defaults and priors)
+EMBEDDED_SETTINGS = {
+    "pool defaults": (None, {}),
+    "pool defaults + confidence stop": (None, {}, {"meta_confidence_stop": True}),
 }
 
 
@@ -41,15 +49,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", type=Path, default=REPO_ROOT.parent / "shared" / "data")
     parser.add_argument("--drafters", type=int, default=3)
+    parser.add_argument("--embedded", action="store_true", help="the embedded pool instead of untrained drafters")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument(
-        "--settings", type=json.loads, default=SETTINGS, help="JSON: name -> [policy, kwargs(, settings)]"
-    )
+    parser.add_argument("--settings", type=json.loads, default=None, help="JSON: name -> [policy, kwargs(, settings)]")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target, tokenizer = load_default_target(torch.float32)
-    pool = DrafterPool(untrained_drafters(target, args.drafters), target=target)
+    if args.embedded:
+        pool = load_embedded_pool(target)
+    else:
+        pool = DrafterPool(untrained_drafters(target, args.drafters), target=target)
+    if args.settings is None:
+        args.settings = EMBEDDED_SETTINGS if args.embedded else SETTINGS
     prompts = [task_split(args.data_dir, task, tokenizer, 0, 10, 768)[0][0][1] for task in TASKS]
     prompts = [torch.as_tensor(ids).reshape(1, -1) for ids in prompts]
     common = {"do_sample": False, "max_new_tokens": args.max_new_tokens, "pad_token_id": tokenizer.pad_token_id}
@@ -66,8 +78,7 @@ def main() -> None:
                 ids,
                 custom_generate=hf_metasd.generate,
                 assistant_models=pool,
-                meta_policy=policy,
-                meta_policy_kwargs=kwargs,
+                **({} if policy is None else {"meta_policy": policy, "meta_policy_kwargs": kwargs}),
                 **(settings[0] if settings else {}),
                 **common,
             )

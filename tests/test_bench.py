@@ -45,10 +45,9 @@ def test_run_and_report(bench_setup, target, tmp_path):
     auto = [r for r in records if r.method == "autoregressive"]
     assert all(r.target_forwards == 10 for r in auto)  # one forward per token
     summary = summarize(records, [d.name for d in pool])
-    # the oracle is fixed[<task>]: for qa prompts the exact copy accepts everything it drafts, at least one token a
-    # round (a copy costs what a target step costs, so the confidence stop may cut its drafts to one token)
+    # the oracle is fixed[<task>]: for qa prompts the exact copy accepts everything
     oracle_qa = summary["oracle"]["qa"]
-    assert oracle_qa["mean_accepted_tokens"] >= 2.0 and oracle_qa["best_arm_ratio"] == 1.0
+    assert oracle_qa["mean_accepted_tokens"] > 2.0 and oracle_qa["best_arm_ratio"] == 1.0
     assert summary["autoregressive"]["overall"]["mean_accepted_tokens"] == 1.0
     assert summary["autoregressive"]["overall"]["speedup"] == pytest.approx(1.0)
     report = write_report(records, [d.name for d in pool], tmp_path, meta={"test": True})

@@ -94,7 +94,8 @@ def _run(target, pool, clock, charges, new_tokens=40, **kwargs):
 
 def test_the_threshold_is_the_measured_drafting_step_over_the_measured_plain_step(target, clock):
     drafter = tiny_llama(35, layers=1)  # near-uniform over 96 tokens: P_1 is about 0.01
-    out = _run(target, [drafter], clock, [(target, 10.0), (drafter, 2.0)], meta_policy="round_robin")
+    charges = [(target, 10.0), (drafter, 2.0)]
+    out = _run(target, [drafter], clock, charges, meta_policy="round_robin", meta_confidence_stop=True)
     stats = out.metasd
     assert torch.equal(out.sequences, greedy(target, PROMPT, 40))
     rounds = [r for r, arm in enumerate(stats.arms) if arm == 0]
@@ -111,12 +112,12 @@ def test_the_threshold_is_the_measured_drafting_step_over_the_measured_plain_ste
 def test_a_second_call_stops_from_its_first_round(target, clock):
     drafter = tiny_llama(36, layers=1)
     charges = [(target, 10.0), (drafter, 2.0)]
-    _run(target, [drafter], clock, charges, meta_policy="round_robin")
-    stats = _run(target, [drafter], clock, charges, meta_policy="round_robin").metasd
+    _run(target, [drafter], clock, charges, meta_policy="round_robin", meta_confidence_stop=True)
+    stats = _run(target, [drafter], clock, charges, meta_policy="round_robin", meta_confidence_stop=True).metasd
     assert stats.arms[0] == 0 and stats.min_confidence[0] == pytest.approx(0.2) and stats.drafted[0] == 1
 
 
-@pytest.mark.parametrize("setting", [None, True, False])
+@pytest.mark.parametrize("setting", [True, False])
 def test_lossless_with_every_setting(target, drafters, target_copy, setting):
     pool = [*drafters, target_copy, PromptLookupDrafter()]
     for prompt in prompts(3, seed=11):
@@ -128,11 +129,13 @@ def test_lossless_with_every_setting(target, drafters, target_copy, setting):
             assert all(m is None for m in out.metasd.min_confidence)
 
 
-def test_off_drafts_the_full_length(target, clock):
+@pytest.mark.parametrize("setting", [{}, {"meta_confidence_stop": False}], ids=["default", "False"])
+def test_off_by_default_drafts_the_full_length(target, clock, setting):
     drafter = tiny_llama(37, layers=1)
     charges = [(target, 10.0), (drafter, 2.0)]
-    _run(target, [drafter], clock, charges, meta_policy="round_robin")
-    stats = _run(target, [drafter], clock, charges, meta_policy="round_robin", meta_confidence_stop=False).metasd
+    _run(target, [drafter], clock, charges, meta_policy="round_robin", meta_confidence_stop=True)  # costs known
+    stats = _run(target, [drafter], clock, charges, meta_policy="round_robin", **setting).metasd
+    assert all(m is None for m in stats.min_confidence)
     assert all(d == 3 for d, a in zip(stats.drafted[:-2], stats.arms) if a == 0)
 
 
@@ -140,7 +143,7 @@ def test_needs_the_no_draft_arm(target, drafters):
     with pytest.raises(
         MetaSDConfigError,
         match=r"`meta_confidence_stop` needs the no-draft arm \(it compares a drafting step with a plain step\), "
-        r"but this call has none \(reward 'bd'\)\. Pass `meta_confidence_stop=False`, or leave it out",
+        r"but this call has none \(reward 'bd'\)\. Use `meta_reward='speed'`, or `meta_confidence_stop=False`\.",
     ):
         metasd_greedy(target, PROMPT, 4, assistant_models=drafters, meta_reward="bd", meta_confidence_stop=True)
     out = metasd_greedy(target, PROMPT, 4, assistant_models=drafters, meta_reward="bd", return_dict_in_generate=True)
@@ -149,7 +152,7 @@ def test_needs_the_no_draft_arm(target, drafters):
 
 def test_setting_must_be_a_bool_or_none(target, drafters):
     with pytest.raises(
-        MetaSDConfigError, match=r"`meta_confidence_stop` must be True, False or None \(automatic\), but is 'yes'\."
+        MetaSDConfigError, match=r"`meta_confidence_stop` must be True or False, but is 'yes'\. Pass a bool\."
     ):
         metasd_greedy(target, PROMPT, 4, assistant_models=drafters, meta_confidence_stop="yes")
 

@@ -81,9 +81,7 @@ def test_speed_rewards_are_exact_under_the_fake_clock(target, target_copy, clock
     out = _run(target, [target_copy], clock, [(target, 10.0), (target_copy, 2.0)], new_tokens=20, meta_policy="fixed")
     # fixed ignores rewards and never asks for the calibration round: the plain-step cost stays unknown
     assert all(r is None for r in out.metasd.rewards) and out.metasd.drafter_names[1] not in out.metasd.arms
-    # full drafts only (the confidence stop, tested in test_confidence_stop.py, would cut some and change the costs)
-    charges = [(target, 10.0), (target_copy, 2.0)]
-    out = _run(target, [target_copy], clock, charges, new_tokens=40, meta_confidence_stop=False)
+    out = _run(target, [target_copy], clock, [(target, 10.0), (target_copy, 2.0)], new_tokens=40)
     stats = out.metasd
     # a copy round: catch-up 1 forward + 2 drafting forwards (2 each) + verify 10 = 16 units for 4 tokens; plain: 10
     copy_rounds = [r for r, (a, d) in enumerate(zip(stats.arms, stats.drafted)) if a == 0 and d == 3]
