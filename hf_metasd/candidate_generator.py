@@ -363,7 +363,7 @@ class MetaCandidateGenerator(CandidateGenerator):
                 tokens, logits = drafter.draft(
                     input_ids, num_tokens, logits_processor=self.logits_processor, do_sample=self.do_sample, **stop
                 )
-            if drafter.stops_on_confidence and tokens.shape[-1] > 1:
+            if self.confidence_stop and drafter.stops_on_confidence and tokens.shape[-1] > 1:
                 # the first token comes from the catch-up's logits; each further one cost one forward
                 self.step_costs.observe(arm, (self.clock() - start) / (tokens.shape[-1] - 1))
             self._last_arm = arm
