@@ -44,6 +44,7 @@ from .policies import (
     register_policy,
 )
 from .pool import DrafterPool, DrafterPoolConfig, DrafterSpec
+from .reward_memory import clear_reward_memory, reward_memory_scope
 from .rewards import REWARDS, RoundFeedback, block_divergence, block_efficiency
 from .stats import MetaSDStats
 
@@ -86,10 +87,12 @@ __all__ = [
     "as_drafters",
     "block_divergence",
     "block_efficiency",
+    "clear_reward_memory",
     "disable",
     "enable",
     "generate",
     "get_policy",
     "is_enabled",
     "register_policy",
+    "reward_memory_scope",
 ]

@@ -64,6 +64,7 @@ from .feedback import (
     warm_start_rewards,
 )
 from .policies import Policy
+from .reward_memory import RewardMemory
 from .rewards import REPLAYABLE_REWARDS, RoundFeedback, get_reward, is_cost_aware, is_replayable, reward_name
 from .stats import MetaSDStats
 
@@ -146,6 +147,7 @@ class MetaCandidateGenerator(CandidateGenerator):
         no_draft: bool | None = None,
         replay: bool | None = None,
         confidence_stop: bool = False,
+        learned_priors: bool = False,
         target: Any = None,
         cost_smoothing: float = 0.3,
         clock: Callable[[], float] | None = None,
@@ -219,6 +221,13 @@ class MetaCandidateGenerator(CandidateGenerator):
             [("draft_step", key) for key in keys[: len(self.drafters)]], smoothing=cost_smoothing, target=target
         )
         self.confidence_stop = self._confidence_stop_setting(confidence_stop, reward)
+        # what this call's policy learns, kept for the next call's priors (a registered reward only: a callable's
+        # values mean nothing to another call)
+        self.memory = (
+            RewardMemory(keys, context=(reward, num_assistant_tokens, self.do_sample), target=target)
+            if learned_priors and isinstance(reward, str)
+            else None
+        )
         self._prompt_length: int | None = None
         self._warm_window = 0
         self._warm_logits: dict[int, torch.Tensor] = {}
@@ -491,8 +500,7 @@ class MetaCandidateGenerator(CandidateGenerator):
             if late is None:
                 still_deferred.append(old)
                 continue
-            with self.stats.timed("policy"):
-                self.policy.update(old.arm, late)
+            self._tell(old.arm, late)
             self.stats.rewards[0] = late  # the prefill round is round 0
         self._deferred = still_deferred
         reward = self._reward(feedback)
@@ -500,8 +508,7 @@ class MetaCandidateGenerator(CandidateGenerator):
             if pending.first:
                 self._deferred.append(feedback)
             return None
-        with self.stats.timed("policy"):
-            self.policy.update(feedback.arm, reward)
+        self._tell(feedback.arm, reward)
         if self.full_information:
             self._learn_counterfactual(feedback, input_ids, scores, reward)
         return reward
@@ -589,10 +596,19 @@ class MetaCandidateGenerator(CandidateGenerator):
         self._replays = waiting
         if self.no_draft and pending.arm != self.no_draft_arm and plain is not None:
             observed.append((self.no_draft_arm, self._no_draft_reward(plain, vocab_size)))
-        with self.stats.timed("policy"):
-            for arm, value in observed:
-                self.policy.observe(arm, value)
+        for arm, value in observed:
+            self._tell(arm, value, side=True)
         return observed
+
+    def _tell(self, arm: int, reward: float, *, side: bool = False) -> None:
+        """Give the policy a reward (a pull's, or with `side` a side observation) and remember it for later calls."""
+        with self.stats.timed("policy"):
+            if side:
+                self.policy.observe(arm, reward)
+            else:
+                self.policy.update(arm, reward)
+            if self.memory is not None:
+                self.memory.record(arm, reward)
 
     def _no_draft_reward(self, plain_seconds: float, vocab_size: int) -> float:
         """The reward of a plain step, known without one (the no-draft arm drafts nothing and costs a plain step;

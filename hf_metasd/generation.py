@@ -56,6 +56,7 @@ DEFAULTS: dict[str, Any] = {
     "meta_confidence_stop": False,
     "meta_priors": None,
     "meta_prior_weight": None,
+    "meta_learned_priors": True,
 }
 #: Every setting a MetaSD call reads, by name.
 SETTINGS = tuple(DEFAULTS)
@@ -132,7 +133,7 @@ def resolve_settings(
 
 
 def _check_settings(settings: dict[str, Any]) -> None:
-    for key in ("meta_full_information", "meta_confidence_stop"):
+    for key in ("meta_full_information", "meta_confidence_stop", "meta_learned_priors"):
         if not isinstance(settings[key], bool):
             raise MetaSDConfigError(f"`{key}` must be True or False, but is {settings[key]!r}. Pass a bool.")
     for key in ("meta_skinny_gemm", "meta_no_draft", "meta_replay"):
@@ -247,19 +248,26 @@ def build_candidate_generator(
         no_draft=settings["meta_no_draft"],
         replay=settings["meta_replay"],
         confidence_stop=settings["meta_confidence_stop"],
+        learned_priors=settings["meta_learned_priors"],
         target=model,
     )
+    names = generator.stats.drafter_names
     if priors is not None:
-        names = generator.stats.drafter_names
         unknown = sorted(set(priors) - set(names))
         if unknown:
             raise MetaSDConfigError(
                 f"`meta_priors` must name arms of this call {names}, but names {unknown}. Fix the names."
             )
+    means = [None if priors is None else priors.get(name) for name in names]
+    if generator.memory is not None and isinstance(settings["meta_policy"], str) and policy.supports_prior:
+        # arms without a prior from the call or the pool start from what earlier calls learnt (`reward_memory`)
+        for arm, learned in enumerate(generator.memory.means()):
+            if means[arm] is None and learned is not None:
+                means[arm] = learned
+                generator.stats.learned_priors[names[arm]] = learned
+    if any(mean is not None for mean in means):
         weight = settings["meta_prior_weight"]
-        generator.policy.set_prior(
-            [priors.get(name) for name in names], **({} if weight is None else {"weight": weight})
-        )
+        generator.policy.set_prior(means, **({} if weight is None else {"weight": weight}))
     return generator
 
 
@@ -349,6 +357,7 @@ def generate(
     meta_confidence_stop: bool | None = None,
     meta_priors: dict[str, float] | None = None,
     meta_prior_weight: float | None = None,
+    meta_learned_priors: bool | None = None,
     metasd_streamer: Any = None,
     **model_kwargs: Any,
 ) -> Any:
@@ -385,6 +394,9 @@ def generate(
             pseudo-observations (`Policy.set_prior`). A pool brings the priors measured when it was built; they
             apply when the call uses the pool's reward and a fresh policy that takes priors.
         meta_prior_weight: pseudo-observations each prior counts as (default: the policy's, 2).
+        meta_learned_priors: every arm without a prior from the call or the pool starts from the mean reward it
+            earned in earlier calls of this process with the same target (`hf_metasd.reward_memory`), when the
+            policy is given by name and takes priors. Default True; False starts every call from nothing.
         metasd_streamer: another way to pass a streamer (kept for compatibility; ``streamer=`` works).
 
     Returns:
@@ -409,6 +421,7 @@ def generate(
         "meta_confidence_stop": meta_confidence_stop,
         "meta_priors": meta_priors,
         "meta_prior_weight": meta_prior_weight,
+        "meta_learned_priors": meta_learned_priors,
     }
     _check_meta_keys(model_kwargs, "`generate`'s keyword arguments")
     caller = _caller_locals()

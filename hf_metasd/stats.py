@@ -57,7 +57,8 @@ class MetaSDStats:
     draft a round proposing for its position, scored in hindsight; see `MetaCandidateGenerator`), ``warm_start_seconds`` (prompt warm start), ``kernel_choice_seconds`` (timing
     the CPU verification kernels, first call only). ``wall_seconds`` is the whole decoding loop; `other_seconds` the
     part no stopwatch covered (transformers' input preparation between rounds). `kernel` is the verification kernel
-    used (``"stock"``, ``"skinny"``), `kernel_timings` what its measurement found.
+    used (``"stock"``, ``"skinny"``), `kernel_timings` what its measurement found. `learned_priors` holds the prior
+    means the call took from earlier calls (arm name -> mean; `hf_metasd.reward_memory`).
     """
 
     drafter_names: list[str]
@@ -88,6 +89,7 @@ class MetaSDStats:
     counterfactual_rewards: list[dict[int, float]] = field(default_factory=list)
     counterfactual_accepted: list[dict[int, int]] = field(default_factory=list)
     warm_start_rewards: dict[int, float] = field(default_factory=dict)
+    learned_priors: dict[str, float] = field(default_factory=dict)
     replay_rewards: list[list[tuple[int, float]]] = field(default_factory=list)
     clock: Callable[[], float] = field(default=_now, repr=False, compare=False)
 

@@ -4,7 +4,8 @@ With ``--embedded``, the embedded pool instead, under its own defaults with and 
 
 A pool of `--drafters` untrained 2-layer drafters of the target's vocabulary (plus the no-draft arm), the first dev
 prompt of each task (`recipes/generate_task_outputs.py`'s split: never a benchmark prompt, never a training prompt),
-greedy, `--max-new-tokens` tokens, a fresh policy per call. Prints the wall time of plain `generate` and of MetaSD
+greedy, `--max-new-tokens` tokens, a fresh policy per call (which, unless ``meta_learned_priors`` is off, starts from
+what the same setting's earlier calls learnt: `hf_metasd.reward_memory`). Prints the wall time of plain `generate` and of MetaSD
 under each policy setting, measured in one run on this machine, and checks every output against plain `generate`.
 
     python recipes/untrained_pool_probe.py
@@ -34,6 +35,7 @@ from train_drafters import TASKS  # noqa: E402
 #: name -> (policy, policy kwargs[, other MetaSD settings of `generate`])
 SETTINGS = {
     "ucb_scaled (the default)": ("ucb_scaled", {}),
+    "ucb_scaled, each call from nothing": ("ucb_scaled", {}, {"meta_learned_priors": False}),
     "ucb_scaled + confidence stop": ("ucb_scaled", {}, {"meta_confidence_stop": True}),
     "ucb beta=1 (the paper's default)": ("ucb", {}),
     "ucb beta=0.1": ("ucb", {"beta": 0.1}),
@@ -67,6 +69,7 @@ def main() -> None:
     common = {"do_sample": False, "max_new_tokens": args.max_new_tokens, "pad_token_id": tokenizer.pad_token_id}
     target.generate(prompts[0], **common)  # warm-up: first-call costs (kernel choice, allocator) out of the timings
     target.generate(prompts[0], custom_generate=hf_metasd.generate, assistant_models=pool, **common)
+    hf_metasd.clear_reward_memory()  # what the warm-up learnt: no setting starts with it
     seconds = {"plain": 0.0, **dict.fromkeys(args.settings, 0.0)}
     for ids in prompts:
         start = time.perf_counter()
@@ -74,14 +77,15 @@ def main() -> None:
         seconds["plain"] += time.perf_counter() - start
         for name, (policy, kwargs, *settings) in args.settings.items():
             start = time.perf_counter()
-            out = target.generate(
-                ids,
-                custom_generate=hf_metasd.generate,
-                assistant_models=pool,
-                **({} if policy is None else {"meta_policy": policy, "meta_policy_kwargs": kwargs}),
-                **(settings[0] if settings else {}),
-                **common,
-            )
+            with hf_metasd.reward_memory_scope(name):  # each setting learns from its own calls only
+                out = target.generate(
+                    ids,
+                    custom_generate=hf_metasd.generate,
+                    assistant_models=pool,
+                    **({} if policy is None else {"meta_policy": policy, "meta_policy_kwargs": kwargs}),
+                    **(settings[0] if settings else {}),
+                    **common,
+                )
             seconds[name] += time.perf_counter() - start
             if not torch.equal(out, reference):
                 raise SystemExit(f"{name} changed the output: a losslessness bug, please report it")

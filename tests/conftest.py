@@ -8,6 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, StoppingCriteria
 
 import hf_metasd
+from hf_metasd import clear_reward_memory
 
 torch.set_num_threads(1)  # tiny models: one thread is faster and leaves the other core free
 
@@ -85,7 +86,8 @@ def metasd_greedy(model, input_ids: torch.Tensor, max_new_tokens: int, **kwargs)
 
 @pytest.fixture(autouse=True)
 def _restore_generate():
-    """Every test leaves transformers unpatched."""
+    """Every test leaves transformers unpatched, and starts with no rewards learnt by another test's calls."""
+    clear_reward_memory()
     yield
     hf_metasd.disable()
 

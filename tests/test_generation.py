@@ -149,13 +149,11 @@ def test_draft_length_respects_the_length_budget(target, pools):
 
 
 def test_policy_by_name_starts_fresh_and_instance_keeps_learning(target, pools):
-    first = metasd_greedy(
-        target, PROMPTS[5], 20, assistant_models=pools[3], return_dict_in_generate=True, meta_reward="bd"
-    )
-    second = metasd_greedy(
-        target, PROMPTS[5], 20, assistant_models=pools[3], return_dict_in_generate=True, meta_reward="bd"
-    )
+    fresh = {"meta_learned_priors": False, "meta_reward": "bd", "return_dict_in_generate": True}
+    first = metasd_greedy(target, PROMPTS[5], 20, assistant_models=pools[3], **fresh)
+    second = metasd_greedy(target, PROMPTS[5], 20, assistant_models=pools[3], **fresh)
     assert first.metasd.arms[:3] == second.metasd.arms[:3] == [0, 1, 2]
+    assert first.metasd.learned_priors == second.metasd.learned_priors == {}
 
     policy = get_policy("ucb")
     a = metasd_greedy(
@@ -219,7 +217,7 @@ def test_full_information_scores_every_drafter(target, pools, references):
 def test_prompt_warm_start_scores_every_drafter_before_round_two(target, drafters, target_copy):
     prompt = PROMPTS[7]
     pool = [drafters[0], drafters[1], target_copy]
-    kwargs = {"return_dict_in_generate": True, "meta_reward": "bd"}
+    kwargs = {"return_dict_in_generate": True, "meta_reward": "bd", "meta_learned_priors": False}
     cold = metasd_greedy(target, prompt, 30, assistant_models=pool, **kwargs)
     warm = metasd_greedy(target, prompt, 30, assistant_models=pool, meta_warm_start=4, **kwargs)
     assert torch.equal(warm.sequences, greedy(target, prompt, 30)) and torch.equal(cold.sequences, warm.sequences)

@@ -87,14 +87,12 @@ def test_generate_routes_the_verification_passes_and_stays_lossless(target, draf
     for prompt in prompts(6, seed=7):
         reference = greedy(target, prompt, 16)
         calls = _counting_mm(monkeypatch)
-        on = metasd_greedy(
-            target, prompt, 16, assistant_models=drafters, num_assistant_tokens=3, meta_skinny_gemm=True
-        )
+        # every call from nothing (no learned priors), so that each one drafts and verifies 4-token passes
+        fresh = {"num_assistant_tokens": 3, "meta_learned_priors": False}
+        on = metasd_greedy(target, prompt, 16, assistant_models=drafters, meta_skinny_gemm=True, **fresh)
         assert calls, "verification passes of 4 tokens must take the transposed product"
         calls.clear()
-        off = metasd_greedy(
-            target, prompt, 16, assistant_models=drafters, num_assistant_tokens=3, meta_skinny_gemm=False
-        )
+        off = metasd_greedy(target, prompt, 16, assistant_models=drafters, meta_skinny_gemm=False, **fresh)
         assert calls == []
         assert torch.equal(on, reference) and torch.equal(off, reference)
         monkeypatch.undo()

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..kernels import DEFAULT_MAX_ROWS, choose_verification_kernel, skinny_linear
+from ..reward_memory import reward_memory_scope
 from ..stats import TIME_PARTS
 from .methods import Method
 from .prompts import BenchPrompt
@@ -94,7 +95,7 @@ def run_bench(
                 calls[0] = 0
                 kernels, kernel = _kernel_context(target, method, verify_rows)
                 start = time.perf_counter()
-                with kernels:
+                with kernels, reward_memory_scope(method.name):  # a method learns from its own calls only
                     out = target.generate(ids, **common, **method.kwargs(prompt))
                 seconds = time.perf_counter() - start
                 sequences = out.sequences if hasattr(out, "sequences") else out
