@@ -8,7 +8,8 @@ the round to `Policy.fallback`) -> candidates.
 
 ``update_candidate_strategy`` (after the target verified): `_feedback` (what the round tells: acceptance, the
 smoothed costs) -> `_reward` -> `_learn` (the policy's update, and the counterfactual update in full-information
-mode) -> telemetry.
+mode) -> telemetry. Every reward the policy gets (`_tell`) is also recorded in the call's `RewardMemory`, from which
+later calls take their learned priors (`hf_metasd.reward_memory`).
 
 Arms are the pool's drafters plus, when the reward is cost-aware (the default `speed`), the **no-draft arm**: a
 round the target decodes alone (one plain step, no drafter, no catch-up). With it the policy can learn that no

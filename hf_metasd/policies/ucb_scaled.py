@@ -65,7 +65,8 @@ class ScaledUCB(IndexPolicy):
     development prompts (`python recipes/compare_policies.py`, 14 prompts, one run): without the pool's priors
     1.25x plain, as UCB at beta = 1 (1.26x); with them 1.36x, as the pool's tuned UCB (1.36x). On a pool of three
     untrained drafters (`hf-metasd bench --mixed --untrained 3`, one run each): 0.95x plain, UCB at beta = 1
-    0.65x (before replayed rounds); 0.93x and 0.57x, then 0.94x and 0.59x in the last run
+    0.65x (before replayed rounds); 0.93x and 0.57x, then 0.94x and 0.59x; with learned priors
+    (`hf_metasd.reward_memory`: only the first call explores) 0.96x and 0.56x in the last run
     (`docs/benchmarks.md`).
     Pools built with `recipes/build_default_pool.py` ship priors; a `Policy` instance carried over calls (the
     serving pattern) learns once for every call.
