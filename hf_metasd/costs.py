@@ -31,10 +31,21 @@ import torch
 
 from ._validation import check_real
 
-__all__ = ["CostModel"]
+__all__ = ["CostModel", "target_cache"]
 
 #: target -> {(arm key, threads): smoothed seconds}: what earlier calls measured.
 _CACHE: weakref.WeakKeyDictionary[Any, dict[tuple[Hashable, int], float]] = weakref.WeakKeyDictionary()
+
+
+def target_cache(store: weakref.WeakKeyDictionary, target: Any) -> dict | None:
+    """``store[target]``, created empty on first use: what earlier calls with `target` kept there. ``None`` when
+    `target` is None or cannot be weakly referenced (then nothing is shared across calls)."""
+    if target is None:
+        return None
+    try:
+        return store.setdefault(target, {})
+    except TypeError:  # not weak-referenceable
+        return None
 
 
 class CostModel:
@@ -50,12 +61,7 @@ class CostModel:
         self.smoothing = check_real("smoothing", smoothing, low=0.0, high=1.0, low_open=True, hint="Use e.g. 0.3.")
         self.keys = list(keys)
         self._threads = torch.get_num_threads()
-        self._cache: dict[tuple[Hashable, int], float] | None = None
-        if target is not None:
-            try:
-                self._cache = _CACHE.setdefault(target, {})
-            except TypeError:  # not weak-referenceable: no cache
-                self._cache = None
+        self._cache: dict[tuple[Hashable, int], float] | None = target_cache(_CACHE, target)
         self._seconds: list[float | None] = [
             None if self._cache is None else self._cache.get((key, self._threads)) for key in self.keys
         ]

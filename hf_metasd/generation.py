@@ -259,7 +259,7 @@ def build_candidate_generator(
                 f"`meta_priors` must name arms of this call {names}, but names {unknown}. Fix the names."
             )
     means = [None if priors is None else priors.get(name) for name in names]
-    if generator.memory is not None and isinstance(settings["meta_policy"], str) and policy.supports_prior:
+    if generator.memory is not None and _fresh_policy_takes_priors(settings, policy):
         # arms without a prior from the call or the pool start from what earlier calls learnt (`reward_memory`)
         for arm, learned in enumerate(generator.memory.means()):
             if means[arm] is None and learned is not None:
@@ -286,9 +286,15 @@ def _priors(settings: dict[str, Any], policy: Policy, pool_defaults: dict[str, A
     if not from_call:
         if pool_defaults.get("meta_reward", settings["meta_reward"]) != settings["meta_reward"]:
             return None
-        if not isinstance(settings["meta_policy"], str) or not policy.supports_prior:
+        if not _fresh_policy_takes_priors(settings, policy):
             return None
     return priors
+
+
+def _fresh_policy_takes_priors(settings: dict[str, Any], policy: Policy) -> bool:
+    """Whether the call's policy is a fresh one (given by name) that takes priors: the pool's priors and the learned
+    ones apply only to such a policy (a `Policy` instance keeps what it learnt)."""
+    return isinstance(settings["meta_policy"], str) and policy.supports_prior
 
 
 def _policy_kwargs(value: Any) -> dict[str, Any]:

@@ -42,6 +42,8 @@ from typing import Any
 
 import torch
 
+from .costs import target_cache
+
 __all__ = ["MAX_OBSERVATIONS", "RewardMemory", "clear_reward_memory", "reward_memory_scope"]
 
 #: Rewards per arm a memory averages over; beyond it, older rewards fade (count and sum scaled down together).
@@ -88,11 +90,8 @@ class RewardMemory:
     """
 
     def __init__(self, keys: Sequence[Hashable], *, context: Hashable, target: Any) -> None:
-        self._cache: dict[tuple[Hashable, ...], list[float]] = {}
-        if target is not None:
-            store = _STORES.setdefault(_SCOPE.get(), weakref.WeakKeyDictionary())
-            with contextlib.suppress(TypeError):  # not weak-referenceable: this instance's own memory
-                self._cache = store.setdefault(target, {})
+        shared = target_cache(_STORES.setdefault(_SCOPE.get(), weakref.WeakKeyDictionary()), target)
+        self._cache: dict[tuple[Hashable, ...], list[float]] = {} if shared is None else shared
         threads = torch.get_num_threads()
         self.keys = [(key, context, threads) for key in keys]
 
