@@ -14,6 +14,8 @@ the *other* training prompts (`recipes/generate_task_outputs.py`).
 
     python recipes/acceptance_matrix.py                    # writes artifacts/acceptance/{table.pt,matrix.json,...}
     python recipes/acceptance_matrix.py --corpus-sizes 2000 10000 50000 0   # + the corpus size curve (0 = all)
+    python recipes/acceptance_matrix.py --context-lookup --models general corpus_code ... # the candidate pool's corpora,
+                                                                          # searching the context too
 """
 
 from __future__ import annotations
@@ -90,6 +92,18 @@ def corpus_drafters(args, tasks, max_tokens: int = 0) -> list[CorpusDrafter]:
             outputs = kept
         drafters.append(CorpusDrafter.from_sequences(outputs, name=f"corpus_{task}"))
     return drafters
+
+
+def with_context_lookup(drafters: list, on: bool) -> list:
+    """`drafters` with every corpus drafter's `context_lookup` set to `on` (a new drafter on the same index)."""
+    if not on:
+        return drafters
+    return [
+        CorpusDrafter(d.index, name=d.name, **{**d.config(), "context_lookup": True})
+        if isinstance(d, CorpusDrafter)
+        else d
+        for d in drafters
+    ]
 
 
 @torch.no_grad()
@@ -206,6 +220,11 @@ def parse_args(argv=None):
         default=str(REPO_ROOT / "artifacts" / "candidate-pool"),
         help="pool folder whose model drafters are candidates (default: a copy of the embedded pool made on first run)",
     )
+    p.add_argument(
+        "--context-lookup",
+        action="store_true",
+        help="corpus candidates also search the context (`CorpusDrafter(context_lookup=True)`)",
+    )
     p.add_argument("--corpus-sizes", nargs="*", type=int, default=[], help="also: corpus size curve (0 = all)")
     p.add_argument(
         "--costs-only",
@@ -244,7 +263,9 @@ def main(argv=None) -> dict:
     answers = dev_answers(target, tokenizer, args)
     pool = load_embedded_pool(target, candidate_pool(args.candidates))
     models = [d for d in pool.drafters if d.kind != "prompt_lookup" and (args.models is None or d.name in args.models)]
-    candidates = [*corpus_drafters(args, args.tasks), PromptLookupDrafter(), *models]
+    candidates = with_context_lookup(
+        [*corpus_drafters(args, args.tasks), PromptLookupDrafter(), *models], args.context_lookup
+    )
     if args.costs_only:
         remeasure_costs(args, target, candidates, answers)
         return {}
@@ -281,7 +302,7 @@ def main(argv=None) -> dict:
     if args.corpus_sizes:
         curve: dict[str, dict[str, float]] = {}
         for size in args.corpus_sizes:
-            for drafter in corpus_drafters(args, args.tasks, size):
+            for drafter in with_context_lookup(corpus_drafters(args, args.tasks, size), args.context_lookup):
                 task = drafter.name.removeprefix("corpus_")
                 rounds = [fixed_rounds(position_table(drafter, target, p, y, n), n) for p, y in answers[task]]
                 curve.setdefault(task, {})[str(size or "all")] = sum(a for _, a in rounds) / sum(r for r, _ in rounds)

@@ -40,7 +40,7 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "recipes"))
 
-from acceptance_matrix import candidate_pool, corpus_drafters, fixed_rounds  # noqa: E402
+from acceptance_matrix import candidate_pool, corpus_drafters, fixed_rounds, with_context_lookup  # noqa: E402
 from pool_simulation import Costs, evaluate, measured_priors  # noqa: E402
 from train_drafters import TASKS  # noqa: E402
 
@@ -127,6 +127,11 @@ def main(argv=None) -> None:
     parser.add_argument("--lengths", nargs="+", type=int, default=[1, 2, 3, 4])
     parser.add_argument("--prior-weight", type=float, default=2.0)
     parser.add_argument("--min-gain", type=float, default=0.01, help="relative dev speedup an arm must add")
+    parser.add_argument(
+        "--context-lookup",
+        action="store_true",
+        help="the pool's corpus drafters search the context too (use with a table made with --context-lookup)",
+    )
     parser.add_argument("--check-prompts", type=int, default=2, help="dev prompts per task for the lossless check")
     args = parser.parse_args(argv)
     start = time.perf_counter()
@@ -177,6 +182,7 @@ def main(argv=None) -> None:
     embedded = {d.name: d for d in load_embedded_pool(target, candidate_pool(args.candidates)).drafters}
     corpora = {d.name: d for d in corpus_drafters(argparse.Namespace(outputs=args.outputs), args.tasks)}
     available = {**embedded, **corpora, "prompt_lookup": PromptLookupDrafter()}
+    available = dict(zip(available, with_context_lookup(list(available.values()), args.context_lookup), strict=True))
     drafters = [available[name] for name in chosen]
     pool = DrafterPool(
         drafters,

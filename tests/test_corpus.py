@@ -172,6 +172,7 @@ def test_the_drafter_is_registered_and_its_config_is_json():
         "min_match_length": 2,
         "max_occurrences": 64,
         "min_frequency": 0.25,
+        "context_lookup": False,
         "online_tokens": 0,
         "vocab_size": VOCAB,
     }
@@ -208,6 +209,12 @@ def test_the_drafter_is_registered_and_its_config_is_json():
         ),
         ({"online_tokens": -1}, ValueError, r"`online_tokens` must be an int >= 0, but is -1\. Use e\.g\. 100000", 0),
         ({"online_tokens": True}, TypeError, r"`online_tokens` must be an int, but is bool True\. Use e\.g\.", 0),
+        (
+            {"context_lookup": "yes"},
+            TypeError,
+            r"`context_lookup` must be True or False, but is 'yes'\. Pass a bool\.",
+            True,
+        ),
         ({"vocab_size": 0}, ValueError, r"`vocab_size` must be an int >= 1, but is 0\. Use e\.g\. 49152", VOCAB),
         (
             {"vocab_size": 4},
@@ -409,12 +416,67 @@ def test_concurrent_drafts_on_spawned_copies_agree_with_sequential_ones():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# context lookup
+# ---------------------------------------------------------------------------------------------------------------------
+def _context_ends(context: np.ndarray, m: int) -> list[int]:
+    """Brute force: where an earlier occurrence of the last `m` tokens of `context` ends."""
+    n = len(context)
+    return [i for i in range(m - 1, n - 1) if context[i - m + 1 : i + 1].tolist() == context[n - m :].tolist()]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_context_match_agrees_with_a_brute_force_search(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(30):
+        context = rng.integers(0, 3, size=int(rng.integers(1, 40)))
+        expected = max((m for m in range(1, min(6, len(context)) + 1) if _context_ends(context, m)), default=0)
+        m, ends = corpus_module.context_match(context, 6)
+        assert m == expected and ends.tolist() == (_context_ends(context, m) if m else [])
+
+
+def test_context_lookup_is_off_by_default_and_then_the_context_is_not_searched():
+    drafter = CorpusDrafter.from_sequences([[1, 2, 3, 4]])
+    assert drafter.context_lookup is False
+    assert _draft(drafter, [7, 8, 9, 7, 8], 3) == []  # "7 8" occurs in the context, not in the corpus
+
+
+def test_context_lookup_drafts_from_the_context_when_the_corpus_has_no_match():
+    drafter = CorpusDrafter.from_sequences([[1, 2, 3, 4]], context_lookup=True)
+    assert _draft(drafter, [7, 8, 9, 7, 8], 3) == [9, 7, 8]  # continuations stop where the context ends
+    assert (drafter.last_match_length, drafter.last_support) == (2, 1)
+    assert _draft(drafter, [5, 6, 5], 2) == [6, 5]  # a one-token match drafts (below min_match_length = 2)
+    assert _draft(drafter, [5, 6], 2) == [] and drafter.last_match_length == 0  # 6 never occurred before
+
+
+def test_context_lookup_the_longer_match_wins_and_equal_ones_vote_together():
+    drafter = CorpusDrafter.from_sequences([[1, 2, 3, 4, 5], [2, 3, 4, 9]], context_lookup=True)
+    # corpus "2 3 4" (3 tokens, then 5 or 9) beats the context's "3 4" (then 6)
+    assert _draft(drafter, [3, 4, 6, 2, 3, 4], 1) in ([5], [9]) and drafter.last_match_length == 3
+    # the context's "8 2 3" (3 tokens, then 7) beats the corpus's "2 3"
+    assert _draft(drafter, [8, 2, 3, 7, 8, 2, 3], 1) == [7] and drafter.last_match_length == 3
+    # equal: the corpus's "2 3" twice (then 4) and the context's "2 3" three times (then 6): 6 wins the vote 3 to 2
+    assert _draft(drafter, [2, 3, 6, 2, 3, 6, 2, 3, 6, 0, 2, 3], 1) == [6]
+    assert (drafter.last_match_length, drafter.last_support) == (2, 5)
+    # the corpus's "2 3" twice (then 4) against the context's once (then 6): 4
+    assert _draft(drafter, [2, 3, 6, 0, 2, 3], 1) == [4]
+
+
+def test_context_lookup_round_trips_through_a_pool(tmp_path, target):
+    drafter = CorpusDrafter.from_sequences([[1, 2, 3, 4]], context_lookup=True, vocab_size=VOCAB, name="c")
+    pool = hf_metasd.DrafterPool([drafter], target=target)
+    pool.save_pretrained(tmp_path)
+    (loaded,) = hf_metasd.DrafterPool.from_pretrained(str(tmp_path), target=target).drafters
+    assert loaded.context_lookup is True and loaded.config() == drafter.config()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # lossless with a tiny target
 # ---------------------------------------------------------------------------------------------------------------------
-def test_greedy_output_is_the_targets_own_with_a_corpus_of_its_answers(target):
+@pytest.mark.parametrize("context_lookup", [False, True])
+def test_greedy_output_is_the_targets_own_with_a_corpus_of_its_answers(target, context_lookup):
     known, new = prompts(6, seed=7), prompts(3, seed=8)
     answers = [greedy(target, p, 20)[0, p.shape[1] :].tolist() for p in known]
-    drafter = CorpusDrafter.from_sequences(answers, vocab_size=VOCAB, name="answers")
+    drafter = CorpusDrafter.from_sequences(answers, vocab_size=VOCAB, name="answers", context_lookup=context_lookup)
     accepted = 0
     for prompt in known + new:
         out = metasd_greedy(target, prompt, 20, assistant_models=[drafter], return_dict_in_generate=True)
@@ -423,9 +485,11 @@ def test_greedy_output_is_the_targets_own_with_a_corpus_of_its_answers(target):
     assert accepted > 0  # the drafter really drafted tokens the target kept
 
 
-def test_greedy_output_is_the_targets_own_under_logits_processors_and_sampling_runs(target):
+@pytest.mark.parametrize("context_lookup", [False, True])
+def test_greedy_output_is_the_targets_own_under_logits_processors_and_sampling_runs(target, context_lookup):
     known = prompts(4, seed=7)
-    drafter = CorpusDrafter.from_sequences([greedy(target, p, 20)[0, p.shape[1] :].tolist() for p in known])
+    answers = [greedy(target, p, 20)[0, p.shape[1] :].tolist() for p in known]
+    drafter = CorpusDrafter.from_sequences(answers, context_lookup=context_lookup)
     kwargs = {"repetition_penalty": 1.3, "no_repeat_ngram_size": 3}
     for prompt in known:
         out = metasd_greedy(target, prompt, 20, assistant_models=[drafter], **kwargs)
