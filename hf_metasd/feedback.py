@@ -162,22 +162,22 @@ def replayed_feedback(
 ) -> RoundFeedback:
     """The `RoundFeedback` of a replayed round, for the rewards of `hf_metasd.rewards.REPLAYABLE_REWARDS`.
 
-    Greedy decoding's acceptance depends on the target's logits only through their argmax, so the round's
-    `target_logits` ``(n, vocab_size)`` are one-hot rows on the target's tokens ``sequence[start + j]``; a position
-    after the first mismatch that the sequence does not reach yet gets a row on another token than the draft's (it
-    cannot be accepted either way).
+    Greedy decoding's acceptance depends on the target's logits only through their argmax, so the round carries the
+    target's tokens ``sequence[start + j]`` as `target_tokens` ``(n,)`` and empty ``(n, 0)`` `target_logits` (no
+    ``(n, vocab_size)`` one-hot rows to allocate and reduce for every replayed arm of every round); a position after
+    the first mismatch that the sequence does not reach yet gets another token than the draft's (it cannot be
+    accepted either way). `vocab_size` keeps that token in the vocabulary.
     """
     n = len(replayed.tokens)
     targets = [
         sequence[replayed.start + j] if replayed.start + j < len(sequence) else (replayed.tokens[j] + 1) % vocab_size
         for j in range(n)
     ]
-    logits = torch.zeros(n, vocab_size)
-    logits[torch.arange(n), torch.tensor(targets, dtype=torch.long)] = 1.0
     return RoundFeedback(
         arm=replayed.arm,
         draft_tokens=torch.tensor(replayed.tokens, dtype=torch.long),
-        target_logits=logits,
+        target_logits=torch.zeros(n, 0),
+        target_tokens=torch.tensor(targets, dtype=torch.long),
         draft_logits=None,
         num_accepted=accepted,
         do_sample=False,

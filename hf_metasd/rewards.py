@@ -73,6 +73,10 @@ class RoundFeedback:
         num_assistant_tokens: the call's draft length ``N`` (a round may draft fewer: abstention, length budget).
         arm_seconds: smoothed seconds of a round of this arm (`hf_metasd.costs.CostModel`), or ``None`` if unknown.
         plain_seconds: smoothed seconds of a plain target step, or ``None`` if unknown.
+        target_tokens: ``(N,)`` the target's greedy tokens at the drafted positions when they are known without its
+            logits (a replayed round, `hf_metasd.feedback.replayed_feedback`), else ``None``. Greedy acceptance needs
+            only them, so a round that has them may carry empty ``(N, 0)`` `target_logits`; the rewards of
+            `REPLAYABLE_REWARDS` read them first.
     """
 
     arm: int
@@ -86,6 +90,7 @@ class RoundFeedback:
     num_assistant_tokens: int = 0
     arm_seconds: float | None = None
     plain_seconds: float | None = None
+    target_tokens: torch.Tensor | None = None
 
     @property
     def num_drafted(self) -> int:
@@ -244,6 +249,9 @@ def _cost(feedback: RoundFeedback) -> float:
 def _eal_tokens(feedback: RoundFeedback) -> float:
     if feedback.num_drafted == 0:
         return 0.0
+    if feedback.target_tokens is not None and not feedback.do_sample:  # greedy: a_j = [x_j = the target's token]
+        rates = (feedback.target_tokens.reshape(-1) == feedback.draft_tokens.reshape(-1)).float()
+        return expected_accepted_length(rates)
     rates = acceptance_rates(
         feedback.target_logits, feedback.draft_tokens, feedback.draft_logits, do_sample=feedback.do_sample
     )

@@ -3,6 +3,7 @@ policy learns from those side observations (`Policy.observe`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -77,9 +78,14 @@ def test_replayed_feedback_scores_like_the_round_it_replays():
     assert get_reward("speed")(feedback) == pytest.approx(0.25)
     assert get_reward("be")(feedback) == pytest.approx(1 / 3)
     assert get_reward("eal")(feedback) == pytest.approx(1 / 3)
-    assert feedback.target_logits.shape == (3, VOCAB)
-    # the third position lies beyond the sequence: its row is on another token than the draft's
-    assert feedback.target_logits.argmax(-1).tolist() == [5, 9, 8]
+    assert feedback.target_logits.shape == (3, 0)  # no one-hot rows: the target's tokens are enough
+    # the third position lies beyond the sequence: another token than the draft's
+    assert feedback.target_tokens.tolist() == [5, 9, 8]
+    # the same round with one-hot target logits instead scores the same under every replayable reward
+    one_hot = torch.nn.functional.one_hot(feedback.target_tokens, VOCAB).float()
+    dense = dataclasses.replace(feedback, target_logits=one_hot, target_tokens=None)
+    for name in REPLAYABLE_REWARDS:
+        assert get_reward(name)(dense) == pytest.approx(get_reward(name)(feedback))
 
 
 def test_only_rewards_that_acceptance_determines_can_score_a_replayed_round():
