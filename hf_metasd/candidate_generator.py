@@ -44,6 +44,7 @@ and `hf_metasd.feedback`, costs in `hf_metasd.costs`.
 
 from __future__ import annotations
 
+import json
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -654,6 +655,11 @@ class MetaCandidateGenerator(CandidateGenerator):
 
 
 def _cost_key(drafter: Drafter) -> tuple[Any, ...]:
-    """What identifies a drafter's cost across calls: its kind, name and the object holding its weights."""
+    """What identifies a drafter's costs and learned rewards across calls: its kind, name, settings (`config`) and
+    the object holding its weights or its corpus (shared by a drafter's `spawn` copies). Two drafters of one name
+    that differ in a setting (a corpus drafter with and without `context_lookup`) or in their data are two drafters."""
     holder = getattr(drafter, "model", None)
-    return (drafter.kind, drafter.name, id(holder) if holder is not None else None)
+    if holder is None:
+        holder = getattr(drafter, "index", None)
+    settings = json.dumps(drafter.config(), sort_keys=True, default=repr)
+    return (drafter.kind, drafter.name, settings, id(holder) if holder is not None else None)

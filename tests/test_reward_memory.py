@@ -141,6 +141,23 @@ def test_speed_remembers_side_observations_and_the_no_draft_arm(target, pool):
     assert second.learned_priors == pytest.approx({name: sum(r) / len(r) for name, r in seen.items()})
 
 
+def test_a_drafter_of_the_same_name_with_other_settings_or_data_learns_from_nothing(target, pool):
+    from hf_metasd import CorpusDrafter
+
+    answers = [greedy(target, p, 12)[0, p.shape[1] :].tolist() for p in PROMPTS]
+    corpus = CorpusDrafter.from_sequences(answers, name="c")
+    kwargs = {"meta_reward": "speed", "meta_policy": "ucb_scaled", "meta_policy_kwargs": None}
+    _call(target, [corpus, *pool[:1]], **kwargs)
+    again = _call(target, [corpus.spawn(target), *pool[:1]], **kwargs).metasd  # a copy: the same drafter
+    assert "c" in again.learned_priors
+    for other in (
+        CorpusDrafter(corpus.index, name="c", context_lookup=True),  # another setting
+        CorpusDrafter.from_sequences(answers[:1], name="c"),  # another corpus
+    ):
+        fresh = _call(target, [other, *pool[:1]], **kwargs).metasd
+        assert "c" not in fresh.learned_priors
+
+
 def test_the_setting_must_be_a_bool(target, pool):
     with pytest.raises(
         MetaSDConfigError, match=r"`meta_learned_priors` must be True or False, but is 'yes'\. Pass a bool\."
