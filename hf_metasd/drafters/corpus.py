@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from ..pool.config import DrafterSpec
     from ..pool.weights import LoadContext, SaveContext
 
-__all__ = ["CorpusDrafter", "CorpusIndex", "build_suffix_array"]
+__all__ = ["CorpusDrafter", "CorpusIndex", "build_suffix_array", "context_continuations", "context_match"]
 
 #: file written by `CorpusDrafter.save_corpus`.
 CORPUS_FILE = "corpus.safetensors"
