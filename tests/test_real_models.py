@@ -30,9 +30,15 @@ def test_embedded_pool_is_shipped_and_loads(real):
     card = embedded_pool_path().joinpath("README.md").read_text()
     names = [d.name for d in pool.drafters]
     assert names == [entry["name"] for entry in config["drafters"]]
-    corpora = ["corpus_mt_bench", "corpus_code", "corpus_qa", "corpus_rag", "corpus_math_reasoning"]
-    assert names == ["prompt_lookup", "general", *corpora]
-    assert [d.kind for d in pool.drafters] == ["prompt_lookup", "assistant_model"] + ["corpus"] * len(corpora)
+    # the order recipes/build_default_pool.py kept them in (docs/assets/bench/pool_build.json)
+    corpora = ["corpus_mt_bench", "corpus_code", "corpus_qa", "corpus_math_reasoning"]
+    assert names == [*corpora, "general", "corpus_rag", "prompt_lookup"]
+    assert [d.kind for d in pool.drafters] == ["corpus"] * len(corpora) + [
+        "assistant_model",
+        "corpus",
+        "prompt_lookup",
+    ]
+    assert all(d.context_lookup for d in pool.drafters if d.kind == "corpus")  # every corpus searches the context too
     assert all(f"`{name}`" in card for name in names)  # the card lists every arm
     assert (pool.policy, pool.reward, pool.num_assistant_tokens) == ("ucb", "speed", 3)
 
