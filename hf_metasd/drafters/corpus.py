@@ -754,9 +754,9 @@ class CorpusDrafter(Drafter):
         if self.context_lookup:
             ids = np.asarray(context, dtype=np.int64)
             m, ends = context_match(ids, self.max_match_length)
-            if m > 0 and (m > best or not found):
-                found, support = [], 0  # the context's match is longer, or the corpus's too short to draft
-            if m > 0 and (m >= best or not found):
+            if m > 0 and (m >= best or not found):  # the context's match is as long, or the corpus's cannot draft
+                if m > best or not found:  # ... longer, or alone: the corpus's occurrences do not vote
+                    found, support = [], 0
                 rows = context_continuations(ids, ends, self.max_occurrences, num_tokens)
                 self.last_match_length, self.last_support = max(m, best), support + len(rows)
         if not found and not rows:
