@@ -22,61 +22,54 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from hf_metasd.benchmark.offline import load_default_target, load_embedded_pool
-from hf_metasd.drafters import CorpusDrafter
-
 REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT / "recipes"))
 
-#: (name, arm, proposal, match length, support, accepted) -> sort key of a rule (the largest wins)
+from acceptance_matrix import fixed_rounds  # noqa: E402
+
+from hf_metasd.benchmark.offline import load_default_target, load_embedded_pool  # noqa: E402
+from hf_metasd.drafters import CorpusDrafter  # noqa: E402
+
+#: candidate (proposal, match length, support, accepted) -> sort key of a rule (the largest wins)
 RULES: dict[str, Callable[[tuple], tuple]] = {
-    "oracle": lambda c: (c[5],),
-    "longest_match": lambda c: (c[3] if c[2] else -1,),
-    "match_then_support": lambda c: (c[3] if c[2] else -1, c[4]),
-    "longest_proposal": lambda c: (len(c[2]), c[3]),
+    "oracle": lambda c: (c[3],),
+    "longest_match": lambda c: (c[1] if c[0] else -1,),
+    "match_then_support": lambda c: (c[1] if c[0] else -1, c[2]),
+    "longest_proposal": lambda c: (len(c[0]), c[1]),
 }
 
 
-def accepted(proposal: list[int], answer: list[int], t: int) -> int:
-    """Greedy decoding keeps the common prefix of the proposal and the target's answer from position `t`."""
-    a = 0
-    while a < len(proposal) and proposal[a] == answer[t + a]:
-        a += 1
-    return a
+@torch.no_grad()
+def candidate_table(arms, prompt: list[int], answer: list[int], n: int) -> list[list[tuple]]:
+    """For every position t of `answer` and every arm: (proposal, match length, support, accepted) after
+    prompt + answer[:t], each arm drafting once (match length and support 0 for prompt lookup)."""
+    table = []
+    for t in range(len(answer)):
+        budget = min(n, len(answer) - t - 1)
+        row = []
+        for drafter in arms:
+            proposal = drafter.draft(torch.tensor([prompt + answer[:t]]), budget)[0][0].tolist() if budget > 0 else []
+            a = 0
+            while a < len(proposal) and proposal[a] == answer[t + a]:
+                a += 1
+            row.append((proposal, getattr(drafter, "last_match_length", 0), getattr(drafter, "last_support", 0), a))
+        table.append(row)
+    return table
 
 
-def candidates(arms, context: list[int], budget: int) -> list[tuple]:
-    """Every arm's proposal after `context`, with its match length and support (0 for prompt lookup)."""
-    out = []
-    for i, drafter in enumerate(arms):
-        tokens, _ = drafter.draft(torch.tensor([context]), budget)
-        out.append(
-            (
-                drafter.name,
-                i,
-                tokens[0].tolist(),
-                getattr(drafter, "last_match_length", 0),
-                getattr(drafter, "last_support", 0),
-            )
-        )
-    return out
-
-
-def replay(pairs, choose: Callable[[list[int], int, list[int]], int], n: int) -> float:
-    """Mean tokens per round when `choose(context, budget, answer_from_t)` gives each round's accepted count."""
+def tokens_per_round(tables: list[list[list[tuple]]], pick: Callable[[list[tuple]], tuple], n: int) -> float:
+    """Mean tokens per round (accepted + 1) when `pick` chooses each round's candidate (`fixed_rounds`' walk)."""
     rounds = tokens = 0
-    for prompt, answer in pairs:
-        t = 0
-        while t < len(answer):
-            budget = min(n, len(answer) - t - 1)
-            a = choose(prompt + answer[:t], budget, answer, t) if budget > 0 else 0
-            rounds += 1
-            t += a + 1
-        tokens += len(answer)
+    for table in tables:
+        chosen = [pick(row) if row else ((), 0, 0, 0) for row in table]
+        rounds += fixed_rounds([(len(c[0]), c[3], 0.0) for c in chosen], n)[0]
+        tokens += len(table)
     return tokens / rounds
 
 
@@ -97,29 +90,20 @@ def main(argv=None) -> dict:
     documents = [doc for d in arms if isinstance(d, CorpusDrafter) for doc in d.index.documents()]
     merged = CorpusDrafter.from_sequences(documents, name="merged", context_lookup=True).spawn(target)
     n = args.num_assistant_tokens
-    table: dict[str, dict[str, float]] = {}
+    result: dict[str, dict[str, float]] = {}
     for task, pairs in store.items():
-        row = {}
-        for arm in arms:
-            row[arm.name] = replay(
-                pairs, lambda c, b, y, t, d=arm: accepted(d.draft(torch.tensor([c]), b)[0][0].tolist(), y, t), n
-            )
+        tables = [candidate_table([*arms, merged], prompt, answer, n) for prompt, answer in pairs]
+        row = {
+            drafter.name: tokens_per_round(tables, lambda r, i=i: r[i], n) for i, drafter in enumerate([*arms, merged])
+        }
         for rule, key in RULES.items():
-
-            def choose(context, budget, answer, t, key=key):
-                scored = [(*c, accepted(c[2], answer, t)) for c in candidates(arms, context, budget)]
-                return max(scored, key=key)[5]
-
-            row[rule] = replay(pairs, choose, n)
-        row["merged"] = replay(
-            pairs, lambda c, b, y, t: accepted(merged.draft(torch.tensor([c]), b)[0][0].tolist(), y, t), n
-        )
+            row[rule] = tokens_per_round(tables, lambda r, key=key: max(r[: len(arms)], key=key), n)
         row["best_single"] = max(row[arm.name] for arm in arms)
-        table[task] = row
+        result[task] = row
         print(f"{task:<15}" + " ".join(f"{k}={v:.2f}" for k, v in row.items()), flush=True)
     if args.out is not None:
-        args.out.write_text(json.dumps(table, indent=2, sort_keys=True))
-    return table
+        args.out.write_text(json.dumps(result, indent=2, sort_keys=True))
+    return result
 
 
 if __name__ == "__main__":
