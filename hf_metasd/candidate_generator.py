@@ -55,6 +55,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from ._validation import check_int
 from .costs import CostModel
+from .draft_length import DraftLength, check_draft_length_mode
 from .drafters import Drafter, unique_names
 from .drafters.prompt_lookup import forbidden_tokens
 from .errors import MetaSDConfigError, PolicyArmError
@@ -115,6 +116,10 @@ class MetaCandidateGenerator(CandidateGenerator):
             score them and the policy `learns_side_observations`.
         confidence_stop: the confidence stop of model drafters (see the module docstring); needs the no-draft arm
             (whose plain-step cost it reads).
+        learned_priors: record the rewards the policy learns from for later calls' priors (`RewardMemory`).
+        draft_length: ``"measured"``: each round drafts the length, at most `num_assistant_tokens`, that this
+            machine verifies fastest per expected token (`hf_metasd.draft_length`); ``"fixed"``: always
+            `num_assistant_tokens`.
         target: the target model (its process-level cost cache; see `CostModel`).
         cost_smoothing: the cost model's smoothing.
         clock: the stopwatch of the call (injectable for tests).
@@ -150,6 +155,7 @@ class MetaCandidateGenerator(CandidateGenerator):
         replay: bool | None = None,
         confidence_stop: bool = False,
         learned_priors: bool = False,
+        draft_length: str = "measured",
         target: Any = None,
         cost_smoothing: float = 0.3,
         clock: Callable[[], float] | None = None,
@@ -223,6 +229,11 @@ class MetaCandidateGenerator(CandidateGenerator):
             [("draft_step", key) for key in keys[: len(self.drafters)]], smoothing=cost_smoothing, target=target
         )
         self.confidence_stop = self._confidence_stop_setting(confidence_stop, reward)
+        self.draft_length = check_draft_length_mode(draft_length)
+        # verification costs by length are measured in every mode (telemetry); only "measured" chooses by them
+        self.lengths = DraftLength(
+            self.num_arms, num_assistant_tokens, keys=keys, target=target, smoothing=cost_smoothing
+        )
         # what this call's policy learns, kept for the next call's priors (a registered reward only: a callable's
         # values mean nothing to another call)
         self.memory = (
@@ -296,7 +307,7 @@ class MetaCandidateGenerator(CandidateGenerator):
             )
         first = self._start_round(input_ids, kwargs.get("model_outputs"))
         arm = self._select(first)
-        num_tokens = self._draft_length(input_ids)
+        num_tokens = self._draft_length(input_ids, arm)
         pending = _Round(
             arm, None, None, started, started, first=first, start=input_ids.shape[1], num_tokens=num_tokens
         )
@@ -352,10 +363,15 @@ class MetaCandidateGenerator(CandidateGenerator):
             )
         return arm
 
-    def _draft_length(self, input_ids: torch.LongTensor) -> int:
-        if self.max_length is None:
-            return self.num_assistant_tokens
-        return max(0, min(self.num_assistant_tokens, self.max_length - input_ids.shape[1] - 1))
+    def _draft_length(self, input_ids: torch.LongTensor, arm: int) -> int:
+        """Tokens `arm` drafts this round: the length budget's cap, and under ``"measured"`` the length this machine
+        verifies fastest per expected token (`DraftLength.choose`)."""
+        cap = self.num_assistant_tokens
+        if self.max_length is not None:
+            cap = max(0, min(cap, self.max_length - input_ids.shape[1] - 1))
+        if self.draft_length == "fixed" or arm == self.no_draft_arm:
+            return cap
+        return self.lengths.choose(arm, cap)
 
     def _draft(
         self, pending: _Round, input_ids: torch.LongTensor, num_tokens: int, *, warm: bool
@@ -460,12 +476,21 @@ class MetaCandidateGenerator(CandidateGenerator):
         """
         arm = pending.arm
         is_plain = pending.tokens is None
-        seconds = self.clock() - pending.started
-        if not pending.first:
+        now = self.clock()
+        seconds = now - pending.started
+        drafted = 0 if is_plain else int(pending.tokens.shape[0])
+        if not pending.first:  # the first round's pass is the prompt's prefill
+            self.lengths.observe_verification(drafted + 1, now - pending.verify_started)
             if is_plain and self.no_draft:
                 self.costs.observe(self.no_draft_arm, seconds)
             elif not is_plain:
                 self.costs.observe(arm, seconds - pending.prefill_seconds)
+        if not is_plain:
+            self.lengths.observe_acceptance(arm, drafted, accepted)
+            if not pending.first:
+                self.lengths.observe_draft(
+                    arm, drafted, pending.verify_started - pending.started - pending.prefill_seconds
+                )
         if is_plain and arm != self.no_draft_arm:
             return None
         tokens = pending.tokens if not is_plain else scores.new_zeros(0, dtype=torch.long)
@@ -583,6 +608,7 @@ class MetaCandidateGenerator(CandidateGenerator):
                 if accepted is None:
                     waiting.append(replayed)
                     continue
+                self.lengths.observe_acceptance(replayed.arm, len(replayed.tokens), accepted)
                 decided = replayed_feedback(
                     replayed,
                     accepted,

@@ -33,6 +33,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationM
 from ._validation import check_int
 from .candidate_generator import DEFAULT_NUM_ASSISTANT_TOKENS, MetaCandidateGenerator
 from .decoding import assisted_decoding
+from .draft_length import check_draft_length_mode
 from .drafters import as_drafters
 from .errors import MetaSDConfigError
 from .kernels import DEFAULT_MAX_ROWS, KernelChoice, choose_verification_kernel, skinny_linear
@@ -57,6 +58,7 @@ DEFAULTS: dict[str, Any] = {
     "meta_priors": None,
     "meta_prior_weight": None,
     "meta_learned_priors": True,
+    "meta_draft_length": "measured",
 }
 #: Every setting a MetaSD call reads, by name.
 SETTINGS = tuple(DEFAULTS)
@@ -148,6 +150,7 @@ def _check_settings(settings: dict[str, Any]) -> None:
         hint=f"Use e.g. {DEFAULT_NUM_ASSISTANT_TOKENS}.",
         error=MetaSDConfigError,
     )
+    check_draft_length_mode(settings["meta_draft_length"])
     warm = settings["meta_warm_start"]
     if not isinstance(warm, int) or isinstance(warm, bool) or warm < 0:
         raise MetaSDConfigError(
@@ -249,6 +252,7 @@ def build_candidate_generator(
         replay=settings["meta_replay"],
         confidence_stop=settings["meta_confidence_stop"],
         learned_priors=settings["meta_learned_priors"],
+        draft_length=settings["meta_draft_length"],
         target=model,
     )
     names = generator.stats.drafter_names
@@ -364,6 +368,7 @@ def generate(
     meta_priors: dict[str, float] | None = None,
     meta_prior_weight: float | None = None,
     meta_learned_priors: bool | None = None,
+    meta_draft_length: str | None = None,
     metasd_streamer: Any = None,
     **model_kwargs: Any,
 ) -> Any:
@@ -379,7 +384,8 @@ def generate(
         meta_policy_kwargs: settings for a policy given by name, e.g. ``{"beta": 0.5}``.
         meta_reward: ``"speed"`` (default: tokens per second of the round, comparable with plain decoding), ``"bd"``,
             ``"be"``, ``"eal"``, ``"cost"`` or a callable ``f(RoundFeedback) -> float``.
-        num_assistant_tokens: tokens drafted per round (default 3).
+        num_assistant_tokens: tokens drafted per round (default 3); with ``meta_draft_length="measured"`` the most
+            a round drafts.
         meta_full_information: also score the drafters that did not draft (see `MetaCandidateGenerator`); on by
             itself for full-information policies (``hedge``).
         meta_warm_start: prompt warm start over this many last prompt positions (0: off).
@@ -403,6 +409,10 @@ def generate(
         meta_learned_priors: every arm without a prior from the call or the pool starts from the mean reward it
             earned in earlier calls of this process with the same target (`hf_metasd.reward_memory`), when the
             policy is given by name and takes priors. Default True; False starts every call from nothing.
+        meta_draft_length: ``"measured"`` (default): each round drafts the length, at most `num_assistant_tokens`,
+            that maximises expected tokens per second, from verification costs by length measured in the call's own
+            rounds and each arm's acceptance by position (`hf_metasd.draft_length`); ``"fixed"``: always
+            `num_assistant_tokens` (as transformers' constant schedule).
         metasd_streamer: another way to pass a streamer (kept for compatibility; ``streamer=`` works).
 
     Returns:
@@ -428,6 +438,7 @@ def generate(
         "meta_priors": meta_priors,
         "meta_prior_weight": meta_prior_weight,
         "meta_learned_priors": meta_learned_priors,
+        "meta_draft_length": meta_draft_length,
     }
     _check_meta_keys(model_kwargs, "`generate`'s keyword arguments")
     caller = _caller_locals()
@@ -473,6 +484,8 @@ def generate(
             **model_kwargs,
         )
     stats.wall_seconds = stats.clock() - start
+    stats.draft_length = candidate_generator.draft_length
+    stats.verification_costs = candidate_generator.lengths.summary()
     sequence = output.sequences if isinstance(output, GenerateDecoderOnlyOutput) else output
     for drafter in shared:
         drafter.on_generation_end(sequence, input_ids.shape[1])

@@ -44,7 +44,7 @@ import torch
 
 from .costs import target_cache
 
-__all__ = ["MAX_OBSERVATIONS", "RewardMemory", "clear_reward_memory", "reward_memory_scope"]
+__all__ = ["MAX_OBSERVATIONS", "RewardMemory", "clear_reward_memory", "current_scope", "reward_memory_scope"]
 
 #: Rewards per arm a memory averages over; beyond it, older rewards fade (count and sum scaled down together).
 MAX_OBSERVATIONS = 256
@@ -77,6 +77,12 @@ def reward_memory_scope(name: Hashable) -> Iterator[None]:
         yield
     finally:
         _SCOPE.reset(token)
+
+
+def current_scope() -> Hashable:
+    """The name of the `reward_memory_scope` in force (``None``: the default scope). What else a call learns about
+    its drafters for later calls (the acceptance counts of `hf_metasd.draft_length`) is kept per scope too."""
+    return _SCOPE.get()
 
 
 class RewardMemory:

@@ -58,7 +58,9 @@ class MetaSDStats:
     the CPU verification kernels, first call only). ``wall_seconds`` is the whole decoding loop; `other_seconds` the
     part no stopwatch covered (transformers' input preparation between rounds). `kernel` is the verification kernel
     used (``"stock"``, ``"skinny"``), `kernel_timings` what its measurement found. `learned_priors` holds the prior
-    means the call took from earlier calls (arm name -> mean; `hf_metasd.reward_memory`).
+    means the call took from earlier calls (arm name -> mean; `hf_metasd.reward_memory`). `draft_length` is how each
+    round's length was chosen (``"measured"`` or ``"fixed"``; `hf_metasd.draft_length`) and `verification_costs` the
+    smoothed seconds of a target verification pass by its number of tokens, as measured so far in this process.
     """
 
     drafter_names: list[str]
@@ -90,6 +92,8 @@ class MetaSDStats:
     counterfactual_accepted: list[dict[int, int]] = field(default_factory=list)
     warm_start_rewards: dict[int, float] = field(default_factory=dict)
     learned_priors: dict[str, float] = field(default_factory=dict)
+    draft_length: str = "fixed"
+    verification_costs: dict[int, float] = field(default_factory=dict)
     replay_rewards: list[list[tuple[int, float]]] = field(default_factory=list)
     clock: Callable[[], float] = field(default=_now, repr=False, compare=False)
 
@@ -209,4 +213,7 @@ class MetaSDStats:
                 if getattr(self, k + "_seconds") > 0 or k in ("draft", "verify")
             )
         )
+        if self.verification_costs:
+            costs = ", ".join(f"{k}: {1000 * v:.1f}" for k, v in sorted(self.verification_costs.items()))
+            lines.append(f"  draft length {self.draft_length}; ms per verification pass by tokens: {costs}")
         return "\n".join(lines)

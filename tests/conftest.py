@@ -8,6 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, StoppingCriteria
 
 import hf_metasd
+import hf_metasd.draft_length
 from hf_metasd import clear_reward_memory
 
 torch.set_num_threads(1)  # tiny models: one thread is faster and leaves the other core free
@@ -86,8 +87,10 @@ def metasd_greedy(model, input_ids: torch.Tensor, max_new_tokens: int, **kwargs)
 
 @pytest.fixture(autouse=True)
 def _restore_generate():
-    """Every test leaves transformers unpatched, and starts with no rewards learnt by another test's calls."""
+    """Every test leaves transformers unpatched, and starts with no rewards learnt and no verification costs measured
+    by another test's calls (a fake clock's costs would otherwise steer a later test's draft lengths)."""
     clear_reward_memory()
+    hf_metasd.draft_length._CACHE.clear()
     yield
     hf_metasd.disable()
 

@@ -134,7 +134,10 @@ def test_off_by_default_drafts_the_full_length(target, clock, setting):
     drafter = tiny_llama(37, layers=1)
     charges = [(target, 10.0), (drafter, 2.0)]
     _run(target, [drafter], clock, charges, meta_policy="round_robin", meta_confidence_stop=True)  # costs known
-    stats = _run(target, [drafter], clock, charges, meta_policy="round_robin", **setting).metasd
+    # (the draft length fixed: measured lengths would shorten an untrained drafter's drafts for another reason)
+    stats = _run(
+        target, [drafter], clock, charges, meta_policy="round_robin", meta_draft_length="fixed", **setting
+    ).metasd
     assert all(m is None for m in stats.min_confidence)
     assert all(d == 3 for d, a in zip(stats.drafted[:-2], stats.arms) if a == 0)
 

@@ -37,6 +37,7 @@ DEFAULT_POLICIES: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     ("successive_halving", "successive_halving", "speed", {}),
     ("random", "random", "speed", {}),
     ("metasd (stock kernels)", None, None, {"meta_skinny_gemm": False}),
+    ("metasd (fixed draft length)", None, None, {"meta_draft_length": "fixed"}),
 )
 
 

@@ -1,0 +1,249 @@
+r"""`DraftLength`: each round drafts the number of tokens that this machine verifies fastest per token gained.
+
+How much a verification pass over :math:`k` tokens costs against one over a single token depends on the machine,
+not on the model alone: on one 2-core CPU of this project's kind a pass over 3 tokens cost 1.04x a plain step and
+one over 4 tokens 1.46x; on another the 4-token pass cost less than a plain step. A fixed draft length tuned on one
+machine is therefore wrong on the next. With ``meta_draft_length="measured"`` (the default) the call's
+`num_assistant_tokens` :math:`N` is a cap, and every round the arm :math:`a` the policy picked drafts
+
+.. math::
+
+    n^* = \arg\max_{1 \le n \le N} \frac{E_a(n)}{n\, \hat d_a + \hat v(n + 1)}, \qquad
+    E_a(n) = 1 + \sum_{k=1}^{n} \prod_{j=1}^{k} \hat p_{a,j}
+
+tokens, where
+
+* :math:`E_a(n)` is the expected number of tokens the round adds (the accepted drafted tokens and the target's own);
+* :math:`\hat p_{a,j}` the arm's rate of accepting drafted position :math:`j` once positions :math:`< j` were
+  accepted, :math:`(A_{a,j} + w\, m_{a,j}) / (T_{a,j} + w)` from :math:`T_{a,j}` rounds that reached position
+  :math:`j` and :math:`A_{a,j}` that accepted it, shrunk towards :math:`m_{a,1} = 1/2` and
+  :math:`m_{a,j} = \hat p_{a,j-1}` (a position never reached is assumed as likely as the one before it) with weight
+  :math:`w` (`prior_weight`);
+* :math:`\hat d_a` the arm's smoothed seconds of drafting per drafted token (zero until measured; a lookup is
+  microseconds, a model drafter one forward per token);
+* :math:`\hat v(k)` the smoothed seconds of the target's verification pass over :math:`k` tokens, **measured from the
+  rounds themselves** (no extra pass is ever run): a plain step is :math:`k = 1`, a round that drafted :math:`n` is
+  :math:`k = n + 1`. A length measured fewer than `min_observations` times is looked at optimistically (at most
+  the dearest shorter length measured, else :math:`k/K` of the shortest longer one :math:`K`), so every length
+  that might pay is tried before it is judged, and a first unlucky measurement does not rule it out for good.
+
+Costs and acceptance counts are kept per process and per target (as `hf_metasd.costs.CostModel` keeps round costs),
+so a later call starts from what earlier ones measured. Ties go to the longer draft. ``"fixed"`` drafts
+:math:`N` every round (the length budget permitting), as transformers' constant schedule does.
+
+Example:
+    >>> lengths = DraftLength(num_arms=1, max_tokens=3)
+    >>> lengths.choose(0)                          # nothing measured: the cap
+    3
+    >>> lengths.observe_verification(1, 0.060)     # a plain step
+    >>> lengths.observe_verification(4, 0.090)     # a 3-token draft verified: 1.5 plain steps
+    >>> lengths.observe_verification(4, 0.090)
+    >>> lengths.choose(0)                          # 3 and 2 tokens not measured yet: optimistic, 2 is tried
+    2
+    >>> lengths.observe_verification(3, 0.062); lengths.observe_verification(3, 0.062)
+    >>> lengths.choose(0)                          # E(2) / v(3) = 1.75 / 0.062 beats 1.875 / 0.090
+    2
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import torch
+
+from ._validation import check_int, check_real
+from .costs import target_cache
+from .errors import MetaSDConfigError
+from .reward_memory import current_scope
+
+__all__ = ["DRAFT_LENGTH_MODES", "DraftLength", "check_draft_length_mode"]
+
+#: The values of ``meta_draft_length``.
+DRAFT_LENGTH_MODES = ("measured", "fixed")
+
+#: target -> {("verify", k, threads): (seconds, count), ("accept", scope, arm key): (tried, accepted)}: what earlier
+#: calls measured. Verification costs are the machine's and shared; acceptance counts are kept per
+#: `hf_metasd.reward_memory_scope`, like the rewards behind learned priors.
+_CACHE: weakref.WeakKeyDictionary[Any, dict[Hashable, Any]] = weakref.WeakKeyDictionary()
+
+#: Acceptance counts are halved once an arm's first position has been tried this many times (old rounds fade).
+_MAX_COUNT = 512.0
+
+
+class DraftLength:
+    """The per-round draft length of a MetaSD call (see the module docstring).
+
+    Args:
+        num_arms: arms of the call (the no-draft arm may be among them: it never asks for a length).
+        max_tokens: the cap :math:`N` (the call's `num_assistant_tokens`).
+        keys: one hashable key per arm identifying its drafter across calls (``None``: the arm index).
+        target: the target whose per-process cache to read and update (``None``: nothing is shared across calls).
+        smoothing: the cost estimates' exponential smoothing :math:`\\lambda \\in (0, 1]`.
+        prior_weight: :math:`w`, pseudo-rounds behind each acceptance rate's shrinkage target.
+        min_observations: measurements of a verification length before its estimate is trusted when it is dear.
+    """
+
+    def __init__(
+        self,
+        num_arms: int,
+        max_tokens: int,
+        *,
+        keys: Sequence[Hashable] | None = None,
+        target: Any = None,
+        smoothing: float = 0.3,
+        prior_weight: float = 2.0,
+        min_observations: int = 2,
+    ) -> None:
+        self.num_arms = check_int("num_arms", num_arms, low=1, hint="Pass the call's number of arms.")
+        self.max_tokens = check_int("max_tokens", max_tokens, low=1, hint="Use the call's `num_assistant_tokens`.")
+        self.smoothing = check_real("smoothing", smoothing, low=0.0, high=1.0, low_open=True, hint="Use e.g. 0.3.")
+        self.prior_weight = check_real("prior_weight", prior_weight, low=0.0, hint="Use e.g. 2.")
+        self.min_observations = check_int("min_observations", min_observations, low=1, hint="Use e.g. 2.")
+        self.keys = list(range(num_arms)) if keys is None else list(keys)
+        if len(self.keys) != num_arms:
+            raise ValueError(
+                f"`keys` must hold one key per arm ({num_arms}), but holds {len(self.keys)}. Fix the list."
+            )
+        self._threads = torch.get_num_threads()
+        self._cache = target_cache(_CACHE, target)
+        cache = self._cache or {}
+        # verification pass over k tokens (index k): smoothed seconds and number of measurements
+        self._verify: list[tuple[float, int] | None] = [
+            cache.get(("verify", k, self._threads)) for k in range(self.max_tokens + 2)
+        ]
+        self._verify[0] = None
+        # per arm and drafted position j (index j - 1): rounds that reached it, rounds that accepted it
+        self._tried: list[list[float]] = []
+        self._accepted: list[list[float]] = []
+        self._scope = current_scope()
+        for key in self.keys:
+            tried, accepted = cache.get(("accept", self._scope, key), ([], []))
+            self._tried.append(list(tried))
+            self._accepted.append(list(accepted))
+        self._draft_step: list[float | None] = [None] * num_arms
+
+    # ------------------------------------------------------------------ what the rounds tell
+    def observe_verification(self, num_tokens: int, seconds: float) -> None:
+        """Fold one measured verification pass over `num_tokens` tokens (drafted + 1) into its estimate."""
+        if not 1 <= num_tokens < len(self._verify):
+            return
+        old = self._verify[num_tokens]
+        new = (seconds, 1) if old is None else ((1 - self.smoothing) * old[0] + self.smoothing * seconds, old[1] + 1)
+        self._verify[num_tokens] = new
+        if self._cache is not None:
+            self._cache[("verify", num_tokens, self._threads)] = new
+
+    def observe_draft(self, arm: int, num_drafted: int, seconds: float) -> None:
+        """Fold the seconds `arm` spent drafting `num_drafted` tokens into its per-token drafting cost."""
+        if num_drafted <= 0:
+            return
+        per_token = seconds / num_drafted
+        old = self._draft_step[arm]
+        self._draft_step[arm] = per_token if old is None else (1 - self.smoothing) * old + self.smoothing * per_token
+
+    def observe_acceptance(self, arm: int, num_drafted: int, num_accepted: int) -> None:
+        """Count a round in which `arm` drafted `num_drafted` tokens and `num_accepted` of them were accepted: it
+        reached positions ``1 .. min(num_accepted + 1, num_drafted)`` and accepted ``1 .. num_accepted``."""
+        reached = min(num_accepted + 1, num_drafted)
+        tried, accepted = self._tried[arm], self._accepted[arm]
+        while len(tried) < reached:
+            tried.append(0.0)
+            accepted.append(0.0)
+        for j in range(reached):
+            tried[j] += 1.0
+            accepted[j] += 1.0 if j < num_accepted else 0.0
+        if tried and tried[0] > _MAX_COUNT:
+            tried[:] = [t / 2 for t in tried]
+            accepted[:] = [a / 2 for a in accepted]
+        if self._cache is not None:
+            self._cache[("accept", self._scope, self.keys[arm])] = (list(tried), list(accepted))
+
+    # ------------------------------------------------------------------ the choice
+    def acceptance(self, arm: int, num_tokens: int) -> list[float]:
+        """:math:`\\hat p_{a,1..n}` for ``n = num_tokens`` (see the module docstring).
+
+        Example:
+            >>> lengths = DraftLength(num_arms=1, max_tokens=3, prior_weight=2.0)
+            >>> lengths.observe_acceptance(0, 2, 2); lengths.observe_acceptance(0, 2, 0)
+            >>> lengths.acceptance(0, 3)   # (1 + 2 * 0.5) / 4, (1 + 2 * 0.5) / 3, never reached: as p2
+            [0.5, 0.6666666666666666, 0.6666666666666666]
+        """
+        rates, mean = [], 0.5
+        tried, accepted = self._tried[arm], self._accepted[arm]
+        for j in range(num_tokens):
+            t = tried[j] if j < len(tried) else 0.0
+            a = accepted[j] if j < len(accepted) else 0.0
+            mean = (a + self.prior_weight * mean) / (t + self.prior_weight) if t + self.prior_weight > 0 else mean
+            rates.append(mean)
+        return rates
+
+    def verification_seconds(self) -> list[float | None]:
+        """:math:`\\hat v(k)` for ``k = 1 .. N + 1`` as the choice reads it, or ``None`` where nothing was measured.
+
+        A length measured at least `min_observations` times reads its smoothed estimate. Any other length reads an
+        optimistic guess (a measured one the smaller of its estimate and that guess): the dearest shorter length
+        measured (a pass over more tokens is taken to cost no less), else :math:`k / K` of the shortest longer
+        length :math:`K` measured (a pass over fewer tokens costs at least that share).
+        """
+        measured = {k: v for k, v in enumerate(self._verify) if v is not None}
+
+        def guess(k: int) -> float | None:
+            shorter = [v[0] for j, v in measured.items() if j < k]
+            if shorter:
+                return max(shorter)
+            longer = [j for j in measured if j > k]
+            return measured[min(longer)][0] * k / min(longer) if longer else None
+
+        out: list[float | None] = []
+        for k in range(1, len(self._verify)):
+            if k not in measured:
+                out.append(guess(k))
+                continue
+            seconds, count = measured[k]
+            optimistic = guess(k) if count < self.min_observations else None
+            out.append(seconds if optimistic is None else min(seconds, optimistic))
+        return out
+
+    def choose(self, arm: int, cap: int | None = None) -> int:
+        """The draft length for a round of `arm`, at most `cap` (default: `max_tokens`); 0 when `cap` is 0."""
+        cap = self.max_tokens if cap is None else min(cap, self.max_tokens)
+        if cap <= 0:
+            return 0
+        verify = self.verification_seconds()
+        if any(v is None for v in verify[1 : cap + 1]):
+            return cap  # no plain step measured yet: nothing to compare with
+        rates = self.acceptance(arm, cap)
+        step = self._draft_step[arm] or 0.0
+        best, best_value, expected, survive = cap, -1.0, 1.0, 1.0
+        for n in range(1, cap + 1):
+            survive *= rates[n - 1]
+            expected += survive
+            value = expected / (n * step + verify[n])
+            if value >= best_value:
+                best, best_value = n, value
+        return best
+
+    def summary(self) -> dict[int, float]:
+        """Measured seconds of a verification pass by number of tokens (telemetry)."""
+        return {k: v[0] for k, v in enumerate(self._verify) if v is not None}
+
+
+def check_draft_length_mode(value: object) -> str:
+    """`value` checked as a ``meta_draft_length``; a `MetaSDConfigError` otherwise.
+
+    Example:
+        >>> check_draft_length_mode("fixed")
+        'fixed'
+        >>> check_draft_length_mode("auto")
+        Traceback (most recent call last):
+        ...
+        hf_metasd.errors.MetaSDConfigError: `meta_draft_length` must be one of ['measured', 'fixed'], but is 'auto'. Use "measured" (the length this machine verifies fastest per token, the default) or "fixed" (always `num_assistant_tokens`).
+    """
+    if value not in DRAFT_LENGTH_MODES:
+        raise MetaSDConfigError(
+            f'`meta_draft_length` must be one of {list(DRAFT_LENGTH_MODES)}, but is {value!r}. Use "measured" (the '
+            'length this machine verifies fastest per token, the default) or "fixed" (always `num_assistant_tokens`).'
+        )
+    return str(value)
