@@ -263,10 +263,13 @@ def build_candidate_generator(
                 f"`meta_priors` must name arms of this call {names}, but names {unknown}. Fix the names."
             )
     means = [None if priors is None else priors.get(name) for name in names]
+    from_pool = priors is not None and call.get("meta_priors") is None and priors == pool_defaults.get("meta_priors")
     if generator.memory is not None and _fresh_policy_takes_priors(settings, policy):
-        # arms without a prior from the call or the pool start from what earlier calls learnt (`reward_memory`)
+        # arms start from what earlier calls of this process learnt (`reward_memory`) unless the call gave a prior;
+        # that also replaces a pool's prior, which was measured when the pool was built, on the builder's machine
+        # (the `speed` reward is in units of that machine's costs)
         for arm, learned in enumerate(generator.memory.means()):
-            if means[arm] is None and learned is not None:
+            if learned is not None and (means[arm] is None or from_pool):
                 means[arm] = learned
                 generator.stats.learned_priors[names[arm]] = learned
     if any(mean is not None for mean in means):
@@ -406,9 +409,10 @@ def generate(
             pseudo-observations (`Policy.set_prior`). A pool brings the priors measured when it was built; they
             apply when the call uses the pool's reward and a fresh policy that takes priors.
         meta_prior_weight: pseudo-observations each prior counts as (default: the policy's, 2).
-        meta_learned_priors: every arm without a prior from the call or the pool starts from the mean reward it
-            earned in earlier calls of this process with the same target (`hf_metasd.reward_memory`), when the
-            policy is given by name and takes priors. Default True; False starts every call from nothing.
+        meta_learned_priors: every arm without a prior from the call starts from the mean reward it earned in
+            earlier calls of this process with the same target (`hf_metasd.reward_memory`), when the policy is given
+            by name and takes priors; this replaces a pool's prior for that arm (measured when the pool was built, on
+            another machine). Default True; False starts every call from nothing but the call's or pool's priors.
         meta_draft_length: ``"measured"`` (default): each round drafts the length, at most `num_assistant_tokens`,
             that maximises expected tokens per second, from verification costs by length measured in the call's own
             rounds and each arm's acceptance by position (`hf_metasd.draft_length`); ``"fixed"``: always

@@ -9,8 +9,10 @@ of your own drafters (``assistant_models=[d1, d2]``) has none.
 So every call records the rewards its policy learnt from (pulls and side observations, `Policy.update` and
 `Policy.observe`), and the next call with the same target, drafter, reward, draft length, decoding mode and thread
 count starts with their mean as a prior (`Policy.set_prior`, ``meta_prior_weight`` pseudo-observations, 2 by default)
-for every arm that has no prior from the call or the pool. A call still learns its own rewards on top, so the
-prior steers only its first rounds:
+for every arm that has no prior from the call. A learned mean also replaces the pool's prior for its arm: a pool's
+priors were measured when it was built, on the builder's machine, and the cost-aware `speed` reward depends on the
+machine (on one 2-core CPU the pool's model drafter paid, on another it lost to plain decoding), while the learned
+mean was measured here. A call still learns its own rewards on top, so the prior steers only its first rounds:
 
 .. math::
 

@@ -28,3 +28,34 @@ def test_every_recipe_imports():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"recipes that do not import:\n{result.stdout}{result.stderr[-2000:]}"
+
+
+def test_bench_goals_reads_the_goal_figures_from_results():
+    sys.path.insert(0, str(RECIPES))
+    from bench_goals import goals
+
+    def record(method, prompt, task, seconds, split=None):
+        return {"method": method, "prompt_id": prompt, "task": task, "seconds": seconds, "time_split": split or {}}
+
+    def speedups(a, b, overall):
+        return {"a": {"speedup": a}, "b": {"speedup": b}, "overall": {"speedup": overall}}
+
+    results = {
+        "records": [
+            record("autoregressive", "p1", "a", 2.0),
+            record("autoregressive", "p2", "b", 3.0),
+            record("metasd", "p1", "a", 1.0, {"policy": 0.01, "reward": 0.02}),
+            record("metasd", "p2", "b", 4.0, {"replay": 0.05}),
+        ],
+        "summary": {
+            "metasd": speedups(2.0, 0.75, 1.0),
+            "fixed[x]": speedups(1.6, 1.0, 1.25),
+            "fixed[y]": speedups(1.0, 1.5, 1.2),
+            "oracle": speedups(1.6, 1.5, 1.55),
+        },
+    }
+    g = goals(results)
+    assert g["slowest_prompts"] == [(0.75, "p2"), (2.0, "p1")]
+    assert g["best_fixed"] == ("fixed[x]", 1.25) and g["vs_best_fixed"] == 0.8
+    assert g["vs_oracle_per_task"] == {"a": (1.25, "fixed[x]"), "b": (0.5, "fixed[y]")}
+    assert g["overhead_percent"] == {"policy": 0.2, "reward": 0.4, "kernel_choice": 0.0, "replay": 1.0}

@@ -101,6 +101,37 @@ def test_a_prior_from_the_call_wins(target, pool):
     assert second.arms[0] == 1  # 0.9 beats what the others learnt (< 0.9 for the random drafters)
 
 
+def test_a_learned_mean_replaces_the_pool_prior_measured_elsewhere(target, pool):
+    from hf_metasd import DrafterPool
+
+    names = _call(target, pool).metasd.drafter_names  # learns every arm (the pool's first arm among them)
+    clear_reward_memory()
+    built_with_priors = DrafterPool(
+        pool,
+        target=target,
+        reward="bd",
+        policy="epsilon_greedy",
+        policy_kwargs={"epsilon": 0.0},
+        priors={names[0]: 0.99, names[1]: 0.01, names[2]: 0.01},  # from another machine: arm 0 looks best
+    )
+    first = metasd_greedy(target, PROMPTS[0], 12, assistant_models=built_with_priors, return_dict_in_generate=True)
+    assert first.metasd.learned_priors == {} and first.metasd.arms[0] == 0  # nothing learnt yet: the pool's prior
+    learned = {name: sum(r) / len(r) for name, r in _rewards_by_arm(first.metasd).items()}
+    second = metasd_greedy(target, PROMPTS[1], 12, assistant_models=built_with_priors, return_dict_in_generate=True)
+    assert second.metasd.learned_priors == pytest.approx(learned)  # arm 0's learned mean replaced the 0.99
+    assert second.metasd.arms[0] == names.index(max(learned, key=learned.get))
+    # a prior given with the call still wins over the learned mean
+    third = metasd_greedy(
+        target,
+        PROMPTS[1],
+        12,
+        assistant_models=built_with_priors,
+        meta_priors={names[0]: 1.0, names[1]: 0.0, names[2]: 0.0},
+        return_dict_in_generate=True,
+    )
+    assert third.metasd.learned_priors == {} and third.metasd.arms[0] == 0
+
+
 def test_off_and_where_it_does_not_apply(target, pool):
     _call(target, pool)
     assert _call(target, pool, meta_learned_priors=False).metasd.learned_priors == {}
