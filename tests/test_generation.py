@@ -114,7 +114,10 @@ def test_telemetry_adds_up(target, pools):
     new_tokens = out.sequences.shape[1] - prompt.shape[1]
     assert isinstance(out, hf_metasd.MetaSDGenerateOutput)
     assert stats.rounds == len(stats.arms) == len(stats.drafted) == len(stats.accepted) == len(stats.rewards)
-    assert sum(stats.pulls) == stats.rounds and len(stats.pulls) == 2
+    assert sum(stats.pulls) == sum(r is not None for r in stats.rewards) and len(stats.pulls) == 2
+    # every round is a pull but, with measured draft lengths, a last round whose length budget left nothing to draft
+    unrewarded = [r for r, reward in enumerate(stats.rewards) if reward is None]
+    assert unrewarded in ([], [stats.rounds - 1]) and all(stats.drafted[r] == 0 for r in unrewarded)
     assert sum(stats.accepted) + stats.rounds == new_tokens == stats.tokens
     assert all(0 <= a <= d for a, d in zip(stats.accepted, stats.drafted))
     assert all(r is None or 0.0 <= r <= 1.0 for r in stats.rewards)
@@ -298,6 +301,7 @@ def test_a_drafter_that_abstains_is_not_pulled_and_the_round_goes_to_the_fallbac
         assistant_models=[Silent(), target_copy],
         meta_policy=policy,
         meta_reward="bd",
+        meta_draft_length="fixed",  # measured lengths could leave a last round with nothing to draft: no pull
         return_dict_in_generate=True,
     )
     assert torch.equal(out.sequences, references[0])
