@@ -54,7 +54,7 @@ from typing import Any
 import torch
 
 from ._validation import check_int, check_real
-from .costs import target_cache
+from .costs import CostModel, target_cache
 from .errors import MetaSDConfigError
 from .reward_memory import current_scope
 
@@ -108,21 +108,23 @@ class DraftLength:
             )
         self._threads = torch.get_num_threads()
         self._cache = target_cache(_CACHE, target)
-        cache = self._cache or {}
+        cache = self._cache if self._cache is not None else {}  # no target: nothing shared
         # verification pass over k tokens (index k): smoothed seconds and number of measurements
         self._verify: list[tuple[float, int] | None] = [
             cache.get(("verify", k, self._threads)) for k in range(self.max_tokens + 2)
         ]
         self._verify[0] = None
-        # per arm and drafted position j (index j - 1): rounds that reached it, rounds that accepted it
+        # per arm and drafted position j (index j - 1): rounds that reached it, rounds that accepted it; the lists
+        # are the process cache's own (per scope), so later calls read and extend them
+        scope = current_scope()
         self._tried: list[list[float]] = []
         self._accepted: list[list[float]] = []
-        self._scope = current_scope()
         for key in self.keys:
-            tried, accepted = cache.get(("accept", self._scope, key), ([], []))
-            self._tried.append(list(tried))
-            self._accepted.append(list(accepted))
-        self._draft_step: list[float | None] = [None] * num_arms
+            tried, accepted = cache.setdefault(("accept", scope, key), ([], []))
+            self._tried.append(tried)
+            self._accepted.append(accepted)
+        # seconds of drafting per drafted token, per arm (this call only)
+        self._draft_step = CostModel(self.keys, smoothing=self.smoothing)
 
     # ------------------------------------------------------------------ what the rounds tell
     def observe_verification(self, num_tokens: int, seconds: float) -> None:
@@ -137,11 +139,8 @@ class DraftLength:
 
     def observe_draft(self, arm: int, num_drafted: int, seconds: float) -> None:
         """Fold the seconds `arm` spent drafting `num_drafted` tokens into its per-token drafting cost."""
-        if num_drafted <= 0:
-            return
-        per_token = seconds / num_drafted
-        old = self._draft_step[arm]
-        self._draft_step[arm] = per_token if old is None else (1 - self.smoothing) * old + self.smoothing * per_token
+        if num_drafted > 0:
+            self._draft_step.observe(arm, seconds / num_drafted)
 
     def observe_acceptance(self, arm: int, num_drafted: int, num_accepted: int) -> None:
         """Count a round in which `arm` drafted `num_drafted` tokens and `num_accepted` of them were accepted: it
@@ -157,8 +156,6 @@ class DraftLength:
         if tried and tried[0] > _MAX_COUNT:
             tried[:] = [t / 2 for t in tried]
             accepted[:] = [a / 2 for a in accepted]
-        if self._cache is not None:
-            self._cache[("accept", self._scope, self.keys[arm])] = (list(tried), list(accepted))
 
     # ------------------------------------------------------------------ the choice
     def acceptance(self, arm: int, num_tokens: int) -> list[float]:
@@ -213,9 +210,9 @@ class DraftLength:
             return 0
         verify = self.verification_seconds()
         if any(v is None for v in verify[1 : cap + 1]):
-            return cap  # no plain step measured yet: nothing to compare with
+            return cap  # no verification pass measured yet: nothing to compare with
         rates = self.acceptance(arm, cap)
-        step = self._draft_step[arm] or 0.0
+        step = self._draft_step.estimate(arm) or 0.0
         best, best_value, expected, survive = cap, -1.0, 1.0, 1.0
         for n in range(1, cap + 1):
             survive *= rates[n - 1]

@@ -238,7 +238,7 @@ def build_candidate_generator(
     policy = get_policy(settings["meta_policy"], **_policy_kwargs(settings["meta_policy_kwargs"]))
     reward = settings["meta_reward"]
     get_reward(reward)  # validate the name before any compute
-    priors = _priors(settings, policy, pool_defaults, call)
+    priors, from_pool = _priors(settings, policy, pool_defaults, call)
     generator = MetaCandidateGenerator(
         [d.spawn(model) for d in drafters],
         policy,
@@ -263,7 +263,6 @@ def build_candidate_generator(
                 f"`meta_priors` must name arms of this call {names}, but names {unknown}. Fix the names."
             )
     means = [None if priors is None else priors.get(name) for name in names]
-    from_pool = priors is not None and call.get("meta_priors") is None and priors == pool_defaults.get("meta_priors")
     if generator.memory is not None and _fresh_policy_takes_priors(settings, policy):
         # arms start from what earlier calls of this process learnt (`reward_memory`) unless the call gave a prior;
         # that also replaces a pool's prior, which was measured when the pool was built, on the builder's machine
@@ -278,12 +277,15 @@ def build_candidate_generator(
     return generator
 
 
-def _priors(settings: dict[str, Any], policy: Policy, pool_defaults: dict[str, Any], call: dict[str, Any]) -> Any:
-    """The priors this call applies: given per call, or the pool's when its reward is the call's reward (a pool's
-    priors are means of its own reward) and the policy is a fresh one that takes priors."""
+def _priors(
+    settings: dict[str, Any], policy: Policy, pool_defaults: dict[str, Any], call: dict[str, Any]
+) -> tuple[Any, bool]:
+    """The priors this call applies, and whether they are the pool's: given per call, or the pool's when its reward
+    is the call's reward (a pool's priors are means of its own reward) and the policy is a fresh one that takes
+    priors. A pool's priors give way to learned ones (they were measured on the pool builder's machine)."""
     priors = settings.get("meta_priors")
     if priors is None:
-        return None
+        return None, False
     if not isinstance(priors, dict):
         raise TypeError(
             f"`meta_priors` must be a dict of arm name -> prior mean reward, but is {type(priors).__name__}. "
@@ -292,10 +294,10 @@ def _priors(settings: dict[str, Any], policy: Policy, pool_defaults: dict[str, A
     from_call = call.get("meta_priors") is not None
     if not from_call:
         if pool_defaults.get("meta_reward", settings["meta_reward"]) != settings["meta_reward"]:
-            return None
+            return None, False
         if not _fresh_policy_takes_priors(settings, policy):
-            return None
-    return priors
+            return None, False
+    return priors, not from_call and priors == pool_defaults.get("meta_priors")
 
 
 def _fresh_policy_takes_priors(settings: dict[str, Any], policy: Policy) -> bool:

@@ -118,7 +118,9 @@ def lossless_under(
 
 
 class FakeClock:
-    """Time advances only when a model runs: `units` per forward pass of each charged model (`charge`)."""
+    """Time advances only when a model runs: `units` per forward pass of each charged model (`charge`), or, with a
+    list, ``units[k - 1]`` for a pass fed k tokens (the last entry for longer inputs, as a prompt's prefill): a
+    verification pass whose cost depends on the tokens it verifies, as on a real CPU."""
 
     def __init__(self):
         self.now = 0.0
@@ -127,7 +129,15 @@ class FakeClock:
         return self.now
 
     def charge(self, model, units):
-        return model.register_forward_pre_hook(lambda *_: setattr(self, "now", self.now + units))
+        def hook(module, args, kwargs):
+            if isinstance(units, list):
+                ids = kwargs.get("input_ids", args[0] if args else None)
+                k = 1 if ids is None else ids.shape[-1]
+                self.now += units[min(k, len(units)) - 1]
+            else:
+                self.now += units
+
+        return model.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 class StopAfter(StoppingCriteria):

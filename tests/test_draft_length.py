@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import greedy, metasd_greedy, prompts
+from conftest import FakeClock, greedy, metasd_greedy, prompts
 
 import hf_metasd.costs
 import hf_metasd.draft_length
@@ -127,28 +127,10 @@ def test_bad_settings_are_refused():
 
 
 # ---------------------------------------------------------------------- whole calls under a fake clock
-class TokenClock:
-    """Time advances when a model runs: the target's cost depends on how many tokens it is fed (`target_costs[k]`,
-    the last entry for longer inputs, as a prompt's prefill), a drafter's is a constant per forward."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-    def charge(self, model, costs):
-        def hook(module, args, kwargs):
-            ids = kwargs.get("input_ids", args[0] if args else None)
-            k = 1 if ids is None else ids.shape[-1]
-            self.now += costs[min(k, len(costs)) - 1] if isinstance(costs, list) else costs
-
-        return model.register_forward_pre_hook(hook, with_kwargs=True)
-
-
+# (`FakeClock` charges the target by the tokens each pass is fed, a drafter a constant per forward)
 @pytest.fixture
 def clock(monkeypatch):
-    fake = TokenClock()
+    fake = FakeClock()
     monkeypatch.setattr(hf_metasd.stats, "CLOCK", fake)
     monkeypatch.setattr(hf_metasd.costs, "_CACHE", type(hf_metasd.costs._CACHE)())
     monkeypatch.setattr(hf_metasd.draft_length, "_CACHE", type(hf_metasd.draft_length._CACHE)())
