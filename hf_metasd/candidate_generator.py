@@ -3,8 +3,8 @@ r"""`MetaCandidateGenerator`: transformers' candidate-generator contract over a 
 Each round is a fixed sequence of named steps, split over the contract's two methods:
 
 ``get_candidates``: `_start_round` (first-round set-up, the prompt warm start before round 2) -> `_select` (the
-policy's arm, or the calibration round below) -> `_draft` (the arm catches up and drafts; an arm that abstains hands
-the round to `Policy.fallback`) -> candidates.
+policy's arm, or the calibration round below) -> `_route` (match routing, below) -> `_draft_length` -> `_draft` (the
+arm catches up and drafts; an arm that abstains hands the round to `Policy.fallback`) -> candidates.
 
 ``update_candidate_strategy`` (after the target verified): `_feedback` (what the round tells: acceptance, the
 smoothed costs) -> `_reward` -> `_learn` (the policy's update, and the counterfactual update in full-information
@@ -27,6 +27,15 @@ it would have earned: greedy decoding accepts exactly the common prefix of a pro
 the observation is exact. Its cost is its own proposing plus the round's verification. The no-draft arm, whose
 `speed` reward is known without a pull (:math:`1 / (N + 1)`), is observed too. A cheap arm is then learnt without
 the rounds it would take to pull it, and exploration is left to the model drafters.
+
+**Match routing** (``match_routing``, off by default): when the policy picks an arm that scores its matches
+(`Drafter.scores_matches`: corpus drafters), every such arm proposes for the round (a suffix-array search, well under
+a millisecond) and the round goes to the one whose proposal continues the longest match of the context, ties broken
+by the match's support (its occurrences), then by the policy's pick. The policy then chooses between *kinds* of
+drafting (a model drafter, the lookup arms, the target alone) and the context chooses among lookup arms. The arm that
+drafts is the one pulled and rewarded; the others are learnt from replayed rounds as before. Routing is selection
+work and is timed as ``policy``. Off by default: with the embedded pool it changed nothing measurable on dev prompts
+(docs/concepts.md, "Match routing").
 
 **Confidence stop** (``confidence_stop``, off by default; needs the no-draft arm): a model drafter
 (`Drafter.stops_on_confidence`) stops drafting after token :math:`k` once the product of its drafted tokens'
@@ -66,6 +75,7 @@ from .feedback import (
     replayed_feedback,
     warm_start_rewards,
 )
+from .kernels import KernelSwitch, PassKernels
 from .policies import Policy
 from .reward_memory import RewardMemory
 from .rewards import REPLAYABLE_REWARDS, RoundFeedback, get_reward, is_cost_aware, is_replayable, reward_name
@@ -91,6 +101,8 @@ class _Round:
     first: bool = False
     start: int = 0  # sequence length at the round's start
     num_tokens: int = 0  # the round's draft length
+    routed_from: int | None = None  # the policy's pick when match routing gave the round to another arm
+    kernel: str | None = None  # the verification kernel of the round's pass (None: not chosen per pass)
 
 
 class MetaCandidateGenerator(CandidateGenerator):
@@ -120,6 +132,7 @@ class MetaCandidateGenerator(CandidateGenerator):
         draft_length: ``"measured"``: each round drafts the length, at most `num_assistant_tokens`, that this
             machine verifies fastest per expected token (`hf_metasd.draft_length`); ``"fixed"``: always
             `num_assistant_tokens`.
+        match_routing: match routing (see the module docstring).
         target: the target model (its process-level cost cache; see `CostModel`).
         cost_smoothing: the cost model's smoothing.
         clock: the stopwatch of the call (injectable for tests).
@@ -156,6 +169,7 @@ class MetaCandidateGenerator(CandidateGenerator):
         confidence_stop: bool = False,
         learned_priors: bool = False,
         draft_length: str = "measured",
+        match_routing: bool = False,
         target: Any = None,
         cost_smoothing: float = 0.3,
         clock: Callable[[], float] | None = None,
@@ -207,6 +221,12 @@ class MetaCandidateGenerator(CandidateGenerator):
         self.replay = self._replay_setting(replay, reward)
         self._replayable = [arm for arm, d in enumerate(self.drafters) if d.replayable] if self.replay else []
         self._replays: list[ReplayedRound] = []
+        if not isinstance(match_routing, bool):
+            raise MetaSDConfigError(
+                f"`meta_match_routing` must be True or False, but is {match_routing!r}. Pass a bool."
+            )
+        self.match_routing = match_routing
+        self._routable = [arm for arm, d in enumerate(self.drafters) if d.scores_matches] if match_routing else []
         self.warm_start = warm_start
         # transformers' loop passes the target's outputs to `get_candidates` and merges `model_kwargs_overrides` into
         # the target's inputs when this is set: the warm start uses both, once.
@@ -247,6 +267,8 @@ class MetaCandidateGenerator(CandidateGenerator):
         self._pending: _Round | None = None
         self._deferred: list[RoundFeedback] = []  # prefill-round feedback waiting for its arm's cost
         self._last_arm: int | None = None
+        self._pass_kernels: PassKernels | None = None
+        self._kernel_switch: KernelSwitch | None = None
         self._seen: set[int] = set()
 
     def _replay_setting(self, replay: bool | None, reward: Any) -> bool:
@@ -295,6 +317,11 @@ class MetaCandidateGenerator(CandidateGenerator):
             return None
         return step / plain
 
+    def use_kernels(self, kernels: PassKernels, switch: KernelSwitch) -> None:
+        """Choose each verification pass's kernel with `kernels` and apply it through `switch` (the switch of the
+        `skinny_linear` patch around the call; see `hf_metasd.kernels`)."""
+        self._pass_kernels, self._kernel_switch = kernels, switch
+
     # ------------------------------------------------------------------ get_candidates
     def get_candidates(
         self, input_ids: torch.LongTensor, **kwargs: Any
@@ -306,12 +333,18 @@ class MetaCandidateGenerator(CandidateGenerator):
                 f"batch size must be 1 for MetaSD, but is {input_ids.shape[0]}. Call `generate` once per prompt."
             )
         first = self._start_round(input_ids, kwargs.get("model_outputs"))
-        arm = self._select(first)
+        selected = self._select(first)
+        arm = self._route(selected, input_ids)
         num_tokens = self._draft_length(input_ids, arm)
         pending = _Round(
             arm, None, None, started, started, first=first, start=input_ids.shape[1], num_tokens=num_tokens
         )
+        pending.routed_from = None if arm == selected else selected
         tokens, logits = self._draft(pending, input_ids, num_tokens, warm=first and self._warm_window > 0)
+        if self._pass_kernels is not None and not first:  # the first pass holds the prompt: too many rows
+            pending.kernel = self._pass_kernels.choose(1 + (0 if tokens is None else tokens.shape[-1]))
+            if pending.kernel is not None:
+                self._kernel_switch.skinny = pending.kernel == "skinny"
         pending.verify_started = self.clock()
         self._pending = pending
         if first and self._warm_window:
@@ -363,12 +396,41 @@ class MetaCandidateGenerator(CandidateGenerator):
             )
         return arm
 
-    def _draft_length(self, input_ids: torch.LongTensor, arm: int) -> int:
-        """Tokens `arm` drafts this round: the length budget's cap, and under ``"measured"`` the length this machine
-        verifies fastest per expected token (`DraftLength.choose`)."""
+    def _route(self, selected: int, input_ids: torch.LongTensor) -> int:
+        """Match routing (see the module docstring): the arm among those that score matches whose proposal after
+        `input_ids` continues the longest match (then the most supported, then `selected`); `selected` itself when it
+        does not score matches."""
+        cap = self._length_cap(input_ids)
+        if selected not in self._routable or len(self._routable) < 2 or cap == 0:
+            return selected
+        with self.stats.timed("policy"):
+            best, best_key = selected, self._match_key(selected, input_ids, cap)
+            for arm in self._routable:
+                if arm != selected:
+                    key = self._match_key(arm, input_ids, cap)
+                    if key > best_key:
+                        best, best_key = arm, key
+        return best
+
+    def _match_key(self, arm: int, input_ids: torch.LongTensor, num_tokens: int) -> tuple[int, int]:
+        """``(match length, support)`` of `arm`'s proposal after `input_ids`; ``(-1, -1)`` when it would abstain."""
+        drafter = self.drafters[arm]
+        tokens, _ = drafter.draft(input_ids, num_tokens, do_sample=False)
+        if tokens.shape[-1] == 0:
+            return (-1, -1)
+        return (int(drafter.last_match_length), int(drafter.last_support))
+
+    def _length_cap(self, input_ids: torch.LongTensor) -> int:
+        """`num_assistant_tokens`, capped by the length budget (the last position is the target's own token)."""
         cap = self.num_assistant_tokens
         if self.max_length is not None:
             cap = max(0, min(cap, self.max_length - input_ids.shape[1] - 1))
+        return cap
+
+    def _draft_length(self, input_ids: torch.LongTensor, arm: int) -> int:
+        """Tokens `arm` drafts this round: the length budget's cap, and under ``"measured"`` the length this machine
+        verifies fastest per expected token (`DraftLength.choose`)."""
+        cap = self._length_cap(input_ids)
         if self.draft_length == "fixed" or arm == self.no_draft_arm:
             return cap
         return self.lengths.choose(arm, cap)
@@ -463,6 +525,8 @@ class MetaCandidateGenerator(CandidateGenerator):
         stats.new_tokens.append(kept)
         stats.rewards.append(reward)
         stats.abstained.append(list(pending.abstained))
+        stats.routed_from.append(pending.routed_from)
+        stats.kernels.append(pending.kernel)
         stats.min_confidence.append(pending.min_confidence)
         stats.catch_up_tokens.append(
             self.drafters[pending.arm].last_catch_up_tokens if pending.arm != self.no_draft_arm else 0
@@ -480,7 +544,12 @@ class MetaCandidateGenerator(CandidateGenerator):
         seconds = now - pending.started
         drafted = 0 if is_plain else int(pending.tokens.shape[0])
         if not pending.first:  # the first round's pass is the prompt's prefill
-            self.lengths.observe_verification(drafted + 1, now - pending.verify_started)
+            verify = now - pending.verify_started
+            kernels = self._pass_kernels
+            if kernels is None or pending.kernel is None or pending.kernel == kernels.best(drafted + 1):
+                self.lengths.observe_verification(drafted + 1, verify)  # a re-check of the other kernel is not
+            if kernels is not None:
+                kernels.observe(drafted + 1, pending.kernel, verify)
             if is_plain and self.no_draft:
                 self.costs.observe(self.no_draft_arm, seconds)
             elif not is_plain:

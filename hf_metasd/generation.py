@@ -36,7 +36,14 @@ from .decoding import assisted_decoding
 from .draft_length import check_draft_length_mode
 from .drafters import as_drafters
 from .errors import MetaSDConfigError
-from .kernels import DEFAULT_MAX_ROWS, KernelChoice, choose_verification_kernel, skinny_linear
+from .kernels import (
+    DEFAULT_MAX_ROWS,
+    KernelChoice,
+    KernelSwitch,
+    PassKernels,
+    choose_verification_kernel,
+    skinny_linear,
+)
 from .policies import Policy, get_policy
 from .rewards import RoundFeedback, get_reward
 from .stats import MetaSDStats
@@ -59,6 +66,7 @@ DEFAULTS: dict[str, Any] = {
     "meta_prior_weight": None,
     "meta_learned_priors": True,
     "meta_draft_length": "measured",
+    "meta_match_routing": False,
 }
 #: Every setting a MetaSD call reads, by name.
 SETTINGS = tuple(DEFAULTS)
@@ -135,7 +143,7 @@ def resolve_settings(
 
 
 def _check_settings(settings: dict[str, Any]) -> None:
-    for key in ("meta_full_information", "meta_confidence_stop", "meta_learned_priors"):
+    for key in ("meta_full_information", "meta_confidence_stop", "meta_learned_priors", "meta_match_routing"):
         if not isinstance(settings[key], bool):
             raise MetaSDConfigError(f"`{key}` must be True or False, but is {settings[key]!r}. Pass a bool.")
     for key in ("meta_skinny_gemm", "meta_no_draft", "meta_replay"):
@@ -253,6 +261,7 @@ def build_candidate_generator(
         confidence_stop=settings["meta_confidence_stop"],
         learned_priors=settings["meta_learned_priors"],
         draft_length=settings["meta_draft_length"],
+        match_routing=settings["meta_match_routing"],
         target=model,
     )
     names = generator.stats.drafter_names
@@ -374,6 +383,7 @@ def generate(
     meta_prior_weight: float | None = None,
     meta_learned_priors: bool | None = None,
     meta_draft_length: str | None = None,
+    meta_match_routing: bool | None = None,
     metasd_streamer: Any = None,
     **model_kwargs: Any,
 ) -> Any:
@@ -395,7 +405,9 @@ def generate(
             itself for full-information policies (``hedge``).
         meta_warm_start: prompt warm start over this many last prompt positions (0: off).
         meta_skinny_gemm: the CPU verification kernel (see `hf_metasd.kernels`): ``None`` (default) measures which
-            is faster on this machine, once per process; ``True`` / ``False`` force the transposed / stock product.
+            is faster on this machine, once per process on the target's layers, then checks that choice on the
+            verification passes themselves, per pass length (`PassKernels`); ``True`` / ``False`` force the
+            transposed / stock product.
         meta_no_draft: whether the policy may give a round to the target alone (``None``: when the reward is
             cost-aware, as the default ``speed``).
         meta_replay: replayed rounds (see `MetaCandidateGenerator`): after each round, the model-free drafters that
@@ -419,6 +431,9 @@ def generate(
             that maximises expected tokens per second, from verification costs by length measured in the call's own
             rounds and each arm's acceptance by position (`hf_metasd.draft_length`); ``"fixed"``: always
             `num_assistant_tokens` (as transformers' constant schedule).
+        meta_match_routing: when the policy picks a corpus drafter, the round goes to the corpus drafter whose
+            proposal continues the longest match of the context (`MetaCandidateGenerator`, "Match routing").
+            Default False: with the embedded pool it changed nothing measurable on dev prompts.
         metasd_streamer: another way to pass a streamer (kept for compatibility; ``streamer=`` works).
 
     Returns:
@@ -445,6 +460,7 @@ def generate(
         "meta_prior_weight": meta_prior_weight,
         "meta_learned_priors": meta_learned_priors,
         "meta_draft_length": meta_draft_length,
+        "meta_match_routing": meta_match_routing,
     }
     _check_meta_keys(model_kwargs, "`generate`'s keyword arguments")
     caller = _caller_locals()
@@ -477,7 +493,14 @@ def generate(
     stats.kernel = choice.kernel
     if choice.measured:
         stats.kernel_timings = {"stock_seconds": choice.stock_seconds, "skinny_seconds": choice.skinny_seconds}
-    kernels = skinny_linear(model) if choice.kernel == "skinny" else nullcontext()
+    if choice.measured:  # the first choice, checked on the call's own passes (`PassKernels`)
+        switch = KernelSwitch(choice.kernel == "skinny")
+        pass_kernels = PassKernels(model, choice.kernel)
+        candidate_generator.use_kernels(pass_kernels, switch)
+        kernels = skinny_linear(model, switch=switch)
+    else:
+        pass_kernels = None
+        kernels = skinny_linear(model) if choice.kernel == "skinny" else nullcontext()
     with _in_use(shared), kernels:
         output = assisted_decoding(
             model,
@@ -491,6 +514,11 @@ def generate(
         )
     stats.wall_seconds = stats.clock() - start
     stats.draft_length = candidate_generator.draft_length
+    chosen = [kernel for kernel in stats.kernels if kernel is not None]
+    if chosen:
+        stats.kernel = max(("skinny", "stock"), key=chosen.count)
+    if pass_kernels is not None:
+        stats.kernel_pass_costs = pass_kernels.summary()
     stats.verification_costs = candidate_generator.lengths.summary()
     sequence = output.sequences if isinstance(output, GenerateDecoderOnlyOutput) else output
     for drafter in shared:

@@ -25,8 +25,18 @@ steps, the prompt's prefill, bfloat16, GPU) runs the layer's own forward.
 the transposed product was *slower* (target forward for 2-5 tokens: 99-104 ms against 63-76 ms stock). So nothing
 here is a constant. `choose_verification_kernel` times both products on the target's own layer shapes and the
 call's verification row count, once per process for a given (layer shapes, dtype, thread count, rows), keeps the
-faster and caches the decision; `hf_metasd.generate` applies the choice (``meta_skinny_gemm=None``, the default),
-or the user forces it (``True`` / ``False``). The call's telemetry says which kernel ran and what was measured.
+faster and caches the decision.
+
+**That first choice is then checked on whole verification passes** (`PassKernels`). Timing single layers for a few
+milliseconds is cheap but fragile: a burst of load from another process during those milliseconds flips it for the
+whole process (seen here: a dev run at 0.94x plain where the same code ran 1.49x in the next process), and a layer's
+time can miss what the whole pass gains (attention, copies). So every verification pass of ``k`` tokens is timed,
+per kernel and per ``k``, in a per-process cache: the first pass of each ``k`` runs the first choice, the next one
+the other kernel, and from then on the kernel with the lower smoothed cost runs, except for re-checks of the other
+on a doubling schedule (when the leader has ``4 * 2**c`` passes at ``k``, ``c`` the other's), so that a transient
+that misled one comparison is corrected at a cost of :math:`O(\\log n)` passes. `hf_metasd.generate` applies this
+(``meta_skinny_gemm=None``, the default), or the user forces a kernel (``True`` / ``False``). The call's telemetry
+says which kernel each pass ran (`MetaSDStats.kernels`) and what the passes cost (`MetaSDStats.kernel_pass_costs`).
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,10 +53,13 @@ from typing import Any
 import torch
 
 from ._validation import check_int
+from .costs import target_cache
 
 __all__ = [
     "DEFAULT_MAX_ROWS",
     "KernelChoice",
+    "KernelSwitch",
+    "PassKernels",
     "choose_verification_kernel",
     "clear_kernel_choices",
     "skinny_linear",
@@ -84,12 +98,35 @@ def _transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     return out if bias is None else out + bias
 
 
-def _skinny_forward(module: torch.nn.Linear, max_rows: int) -> Any:
+class KernelSwitch:
+    """Which product the layers patched by `skinny_linear` compute, settable between passes.
+
+    Attributes:
+        skinny: ``True``: the transposed product (for 2 to `max_rows` rows); ``False``: the layers' own forward.
+
+    Example:
+        >>> layer, switch = torch.nn.Linear(16, 64), KernelSwitch(skinny=False)
+        >>> with skinny_linear(layer, switch=switch):
+        ...     y = layer(torch.randn(3, 16))     # the stock product: the switch is off
+        ...     switch.skinny = True
+        ...     z = layer(torch.randn(3, 16))     # the transposed one
+        >>> y.shape, z.shape
+        (torch.Size([3, 64]), torch.Size([3, 64]))
+    """
+
+    def __init__(self, skinny: bool = True) -> None:
+        self.skinny = bool(skinny)
+
+    def __repr__(self) -> str:
+        return f"KernelSwitch(skinny={self.skinny})"
+
+
+def _skinny_forward(module: torch.nn.Linear, max_rows: int, switch: KernelSwitch | None) -> Any:
     original = module.forward  # the class's bound forward
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.dim() >= 2 and x.shape[-1] else 0
-        if not 2 <= rows <= max_rows or x.dtype != torch.float32:
+        if (switch is not None and not switch.skinny) or not 2 <= rows <= max_rows or x.dtype != torch.float32:
             return original(x)
         out = _transposed_linear(x.reshape(rows, x.shape[-1]), module.weight, module.bias)
         return out.reshape(*x.shape[:-1], module.weight.shape[0])
@@ -98,7 +135,9 @@ def _skinny_forward(module: torch.nn.Linear, max_rows: int) -> Any:
 
 
 @contextmanager
-def skinny_linear(model: torch.nn.Module, *, max_rows: int = DEFAULT_MAX_ROWS) -> Iterator[int]:
+def skinny_linear(
+    model: torch.nn.Module, *, max_rows: int = DEFAULT_MAX_ROWS, switch: KernelSwitch | None = None
+) -> Iterator[int]:
     """Compute the float32 CPU `nn.Linear` layers of `model` as ``(W @ x.T).T`` for 2 to `max_rows` input rows.
 
     Yields the number of layers changed; on exit every layer has its own forward back (also after an exception).
@@ -107,6 +146,7 @@ def skinny_linear(model: torch.nn.Module, *, max_rows: int = DEFAULT_MAX_ROWS) -
         model: any module; layers that are not float32 `nn.Linear` on CPU, or whose forward is already replaced,
             are left alone.
         max_rows: largest number of rows (tokens x batch) that takes the transposed product.
+        switch: a `KernelSwitch` read on every call of a patched layer (``None``: always the transposed product).
 
     Example:
         >>> layer = torch.nn.Linear(16, 64)
@@ -119,7 +159,7 @@ def skinny_linear(model: torch.nn.Module, *, max_rows: int = DEFAULT_MAX_ROWS) -
     check_int("max_rows", max_rows, low=2, hint="Pass e.g. 8.")
     changed = [module for module in model.modules() if _eligible(module)]
     for module in changed:
-        module.forward = _skinny_forward(module, max_rows)
+        module.forward = _skinny_forward(module, max_rows, switch)
     try:
         yield len(changed)
     finally:
@@ -246,3 +286,98 @@ def choose_verification_kernel(
     with _CHOICES_LOCK:
         _CHOICES[key] = choice
     return choice
+
+
+# ---------------------------------------------------------------------- checking the choice on whole passes
+#: target -> {(threads, k): {kernel: (smoothed seconds, passes)}}: verification passes timed in this process.
+_PASS_COSTS: weakref.WeakKeyDictionary[Any, dict[tuple[int, int], dict[str, tuple[float, int]]]] = (
+    weakref.WeakKeyDictionary()
+)
+_KERNELS = ("skinny", "stock")
+
+
+class PassKernels:
+    r"""The verification kernel of each pass, from whole passes timed in this process (see the module docstring).
+
+    Per pass length :math:`k` (tokens fed to the target, 2 to `max_rows`) and kernel, the smoothed seconds
+    :math:`\hat t_{k,\kappa}` and the count :math:`n_{k,\kappa}` of the passes timed so far. `choose` returns the
+    first choice while :math:`k` has no pass, then the other kernel once, then the leader
+    :math:`\arg\min_\kappa \hat t_{k,\kappa}`, except that the other one runs again whenever
+    :math:`n_{k,\text{leader}} \ge 4 \cdot 2^{n_{k,\text{other}}}` (re-checks at doubling intervals). A pass of
+    one token, or of more than `max_rows`, never reaches the transposed product: its kernel is ``None``.
+
+    Args:
+        target: the model whose per-process cache to read and update (``None``: this object's own).
+        first_choice: ``"skinny"`` or ``"stock"``, the kernel a length starts with (the layer-level measurement).
+        max_rows: the largest pass the transposed product applies to.
+        smoothing: :math:`\lambda \in (0, 1]` of the smoothed seconds.
+
+    Example:
+        >>> kernels = PassKernels(None, "skinny")
+        >>> kernels.choose(1), kernels.choose(4)          # one token: no choice; 4 tokens: the first choice first
+        (None, 'skinny')
+        >>> kernels.observe(4, "skinny", 0.20); kernels.choose(4)   # then the other kernel, once
+        'stock'
+        >>> kernels.observe(4, "stock", 0.10); kernels.choose(4), kernels.best(4)
+        ('stock', 'stock')
+    """
+
+    def __init__(
+        self, target: Any, first_choice: str, *, max_rows: int = DEFAULT_MAX_ROWS, smoothing: float = 0.3
+    ) -> None:
+        if first_choice not in _KERNELS:
+            raise ValueError(
+                f"`first_choice` must be one of {list(_KERNELS)}, but is {first_choice!r}. Pass a `KernelChoice.kernel`."
+            )
+        self.first_choice = first_choice
+        self.max_rows = check_int("max_rows", max_rows, low=2, hint="Pass e.g. 8.")
+        self.smoothing = float(smoothing)
+        self._threads = torch.get_num_threads()
+        cache = target_cache(_PASS_COSTS, target)
+        self._costs = cache if cache is not None else {}
+
+    def _at(self, num_tokens: int) -> dict[str, tuple[float, int]]:
+        return self._costs.setdefault((self._threads, num_tokens), {})
+
+    def best(self, num_tokens: int) -> str | None:
+        """The leader at `num_tokens` (the first choice until both kernels were timed there); ``None`` where the
+        transposed product does not apply."""
+        if not 2 <= num_tokens <= self.max_rows:
+            return None
+        costs = self._at(num_tokens)
+        if len(costs) < 2:
+            return self.first_choice
+        return min(_KERNELS, key=lambda kernel: (costs[kernel][0], kernel != self.first_choice))
+
+    def choose(self, num_tokens: int) -> str | None:
+        """The kernel of the next pass over `num_tokens` tokens (see the class docstring)."""
+        if not 2 <= num_tokens <= self.max_rows:
+            return None
+        costs = self._at(num_tokens)
+        other = "stock" if self.first_choice == "skinny" else "skinny"
+        if self.first_choice not in costs:
+            return self.first_choice
+        if other not in costs:
+            return other
+        leader = self.best(num_tokens)
+        trailer = other if leader == self.first_choice else self.first_choice
+        if costs[leader][1] >= 4 * 2 ** costs[trailer][1]:
+            return trailer
+        return leader
+
+    def observe(self, num_tokens: int, kernel: str | None, seconds: float) -> None:
+        """Fold one timed pass over `num_tokens` tokens under `kernel` into its estimate (``None``: nothing)."""
+        if kernel is None or not 2 <= num_tokens <= self.max_rows:
+            return
+        costs = self._at(num_tokens)
+        old = costs.get(kernel)
+        lam = self.smoothing
+        costs[kernel] = (seconds, 1) if old is None else ((1 - lam) * old[0] + lam * seconds, old[1] + 1)
+
+    def summary(self) -> dict[int, dict[str, float]]:
+        """Smoothed seconds of a pass by its length and kernel, as timed so far in this process (telemetry)."""
+        return {
+            k: {kernel: value[0] for kernel, value in costs.items()}
+            for (threads, k), costs in sorted(self._costs.items())
+            if threads == self._threads and costs
+        }

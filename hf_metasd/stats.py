@@ -45,7 +45,8 @@ class MetaSDStats:
     (accepted by the target and before any stopping criterion fired), ``new_tokens[r]`` the tokens the round added to
     the output, ``rewards[r]`` the reward given to the policy (``None``: the policy was not updated for this round),
     ``abstained[r]`` the arms the policy chose first that had nothing to propose (not pulls: the round went to the
-    policy's `fallback`), ``min_confidence[r]`` the confidence stop the drafter drafted under (``None``: none; see
+    policy's `fallback`), ``routed_from[r]`` the arm the policy picked when match routing gave the round to another
+    (``None``: it did not; see `MetaCandidateGenerator`), ``min_confidence[r]`` the confidence stop the drafter drafted under (``None``: none; see
     `MetaCandidateGenerator`).
 
     Seconds (all from one clock, `clock`): ``draft_seconds`` (drafters' drafting steps, and catch-up of a drafter that
@@ -57,7 +58,10 @@ class MetaSDStats:
     draft a round proposing for its position, scored in hindsight; see `MetaCandidateGenerator`), ``warm_start_seconds`` (prompt warm start), ``kernel_choice_seconds`` (timing
     the CPU verification kernels, first call only). ``wall_seconds`` is the whole decoding loop; `other_seconds` the
     part no stopwatch covered (transformers' input preparation between rounds). `kernel` is the verification kernel
-    used (``"stock"``, ``"skinny"``), `kernel_timings` what its measurement found. `learned_priors` holds the prior
+    that most of the call's verification passes ran (``"stock"``, ``"skinny"``), ``kernels[r]`` the kernel of round ``r``'s
+    pass when it was chosen per pass (``None``: a pass the transposed product does not apply to, or a kernel forced
+    for the call; `hf_metasd.kernels.PassKernels`), `kernel_timings` what the layer-level measurement found and
+    `kernel_pass_costs` the smoothed seconds of a pass by its tokens and kernel, as timed so far in this process. `learned_priors` holds the prior
     means the call took from earlier calls (arm name -> mean; `hf_metasd.reward_memory`). `draft_length` is how each
     round's length was chosen (``"measured"`` or ``"fixed"``; `hf_metasd.draft_length`) and `verification_costs` the
     smoothed seconds of a target verification pass by its number of tokens, as measured so far in this process.
@@ -74,6 +78,8 @@ class MetaSDStats:
     rewards: list[float | None] = field(default_factory=list)
     catch_up_tokens: list[int] = field(default_factory=list)
     abstained: list[list[int]] = field(default_factory=list)
+    routed_from: list[int | None] = field(default_factory=list)
+    kernels: list[str | None] = field(default_factory=list)
     min_confidence: list[float | None] = field(default_factory=list)
     draft_seconds: float = 0.0
     prefill_seconds: float = 0.0
@@ -87,6 +93,7 @@ class MetaSDStats:
     wall_seconds: float = 0.0
     kernel: str = "stock"
     kernel_timings: dict[str, float] = field(default_factory=dict)
+    kernel_pass_costs: dict[int, dict[str, float]] = field(default_factory=dict)
     stopped_by: str | None = None
     counterfactual_rewards: list[dict[int, float]] = field(default_factory=list)
     counterfactual_accepted: list[dict[int, int]] = field(default_factory=list)
@@ -203,6 +210,9 @@ class MetaSDStats:
                 f"  [{i}] {name:<24} pulls={pulls[i]:>4}  abstained={skipped:>3}  accepted/round={acc:5.2f}  "
                 f"reward={mean_rew:5.3f}"
             )
+        routed = sum(r is not None for r in self.routed_from)
+        if routed:
+            lines.append(f"  match routing gave {routed} of {self.rounds} rounds to another lookup arm")
         wall = self.wall_seconds or self.total_seconds or 1.0
         parts = [*TIME_PARTS, "other"]
         lines.append(
@@ -213,6 +223,12 @@ class MetaSDStats:
                 if getattr(self, k + "_seconds") > 0 or k in ("draft", "verify")
             )
         )
+        if self.kernel_pass_costs:
+            costs = "; ".join(
+                f"{k}: " + ", ".join(f"{name} {1000 * v:.1f}" for name, v in sorted(by.items()))
+                for k, by in sorted(self.kernel_pass_costs.items())
+            )
+            lines.append(f"  ms per verification pass by tokens and kernel: {costs}")
         if self.verification_costs:
             costs = ", ".join(f"{k}: {1000 * v:.1f}" for k, v in sorted(self.verification_costs.items()))
             lines.append(f"  draft length {self.draft_length}; ms per verification pass by tokens: {costs}")

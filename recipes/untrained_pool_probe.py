@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--embedded", action="store_true", help="the embedded pool instead of untrained drafters")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--per-task", type=int, default=1, help="dev prompts per task (the first ones of the split)")
     parser.add_argument("--settings", type=json.loads, default=None, help="JSON: name -> [policy, kwargs(, settings)]")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -64,7 +65,11 @@ def main() -> None:
         pool = DrafterPool(untrained_drafters(target, args.drafters), target=target)
     if args.settings is None:
         args.settings = EMBEDDED_SETTINGS if args.embedded else SETTINGS
-    prompts = [task_split(args.data_dir, task, tokenizer, 0, 10, 768)[0][0][1] for task in TASKS]
+    prompts = [
+        prompt[1]
+        for task in TASKS
+        for prompt in task_split(args.data_dir, task, tokenizer, 0, 10, 768)[0][: args.per_task]
+    ]
     prompts = [torch.as_tensor(ids).reshape(1, -1) for ids in prompts]
     common = {"do_sample": False, "max_new_tokens": args.max_new_tokens, "pad_token_id": tokenizer.pad_token_id}
     target.generate(prompts[0], **common)  # warm-up: first-call costs (kernel choice, allocator) out of the timings

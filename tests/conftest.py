@@ -91,6 +91,7 @@ def _restore_generate():
     by another test's calls (a fake clock's costs would otherwise steer a later test's draft lengths)."""
     clear_reward_memory()
     hf_metasd.draft_length._CACHE.clear()
+    hf_metasd.kernels._PASS_COSTS.clear()
     yield
     hf_metasd.disable()
 

@@ -165,3 +165,82 @@ def test_bfloat16_targets_are_never_measured():
 
     choice = choose_verification_kernel(torch.nn.Linear(8, 8).bfloat16(), [4], timer=lambda: 1 / 0)
     assert choice.kernel == "stock" and not choice.measured
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the first choice, checked on whole verification passes (`PassKernels`)
+# ---------------------------------------------------------------------------------------------------------------------
+def test_pass_kernels_try_both_then_follow_the_cheaper_and_recheck_on_a_doubling_schedule():
+    from hf_metasd.kernels import PassKernels
+
+    kernels = PassKernels(None, "stock")  # a first choice that a burst of load could have got wrong
+    ran = []
+    for _ in range(40):
+        kernel = kernels.choose(3)
+        ran.append(kernel)
+        kernels.observe(3, kernel, 0.1 if kernel == "skinny" else 0.3)
+    # stock first (pass 0), skinny once (pass 1), then skinny leads; stock is re-checked once skinny has
+    # 4 * 2**1 = 8 passes (pass 9), then 4 * 2**2 = 16 (pass 18) and 4 * 2**3 = 32 (pass 35)
+    stock_at = [i for i, kernel in enumerate(ran) if kernel == "stock"]
+    assert stock_at == [0, 9, 18, 35]
+    assert kernels.best(3) == "skinny" and kernels.summary()[3]["stock"] == pytest.approx(0.3)
+    assert kernels.choose(1) is None and kernels.choose(9) is None and kernels.best(1) is None  # no choice there
+    kernels.observe(1, "skinny", 5.0)  # ignored: the transposed product never applies to one row
+    assert 1 not in kernels.summary()
+
+
+def test_pass_kernels_are_kept_per_length_and_per_target_and_the_first_choice_wins_ties():
+    from hf_metasd.kernels import PassKernels
+
+    model = torch.nn.Linear(4, 4)
+    first = PassKernels(model, "skinny")
+    first.observe(4, "skinny", 0.2)
+    first.observe(4, "stock", 0.2)
+    assert first.best(4) == "skinny" and first.choose(2) == "skinny"  # a tie; length 2 has no pass yet
+    later = PassKernels(model, "stock")  # a later call of the same process and target reads the same passes
+    assert later.summary() == {4: {"skinny": 0.2, "stock": 0.2}} and later.best(4) == "stock"
+    assert PassKernels(torch.nn.Linear(4, 4), "skinny").summary() == {}
+    with pytest.raises(ValueError, match=r"`first_choice` must be one of \['skinny', 'stock'\], but is 'fast'\."):
+        PassKernels(None, "fast")
+
+
+def test_the_switch_turns_the_transposed_product_off_between_passes(monkeypatch):
+    from hf_metasd.kernels import KernelSwitch
+
+    layer, x = torch.nn.Linear(16, 32), torch.randn(1, 4, 16)
+    switch = KernelSwitch(skinny=False)
+    calls = _counting_mm(monkeypatch)
+    with skinny_linear(layer, switch=switch):
+        assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias)) and calls == []
+        switch.skinny = True
+        layer(x)
+    assert len(calls) == 1
+
+
+def test_generate_checks_a_wrong_first_choice_on_its_passes_and_stays_lossless(target, drafters, monkeypatch):
+    """A layer-level measurement that said "stock" (as a burst of load can make it say) while this process's passes
+    of 4 tokens cost ten times more under it: the call verifies those passes with the transposed product."""
+    from hf_metasd import generation
+    from hf_metasd.kernels import _PASS_COSTS, KernelChoice
+
+    monkeypatch.setattr(
+        generation, "choose_verification_kernel", lambda *a, **k: KernelChoice("stock", 1.0, 1.1, True)
+    )
+    _PASS_COSTS[target] = {(torch.get_num_threads(), 4): {"stock": (1.0, 3), "skinny": (0.1, 3)}}
+    prompt = prompts(1, seed=3)[0]
+    out = metasd_greedy(
+        target,
+        prompt,
+        16,
+        assistant_models=drafters,
+        num_assistant_tokens=3,
+        meta_draft_length="fixed",
+        meta_no_draft=False,
+        return_dict_in_generate=True,
+    )
+    stats = out.metasd
+    assert torch.equal(out.sequences, greedy(target, prompt, 16))
+    four = [kernel for kernel, drafted in zip(stats.kernels[1:], stats.drafted[1:]) if drafted == 3]
+    assert four and set(four) == {"skinny"} and stats.kernel == "skinny"
+    assert stats.kernels[0] is None  # the first pass holds the prompt
+    assert set(stats.kernel_pass_costs[4]) == {"stock", "skinny"}

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..kernels import DEFAULT_MAX_ROWS, choose_verification_kernel, skinny_linear
+from ..kernels import DEFAULT_MAX_ROWS, PassKernels, choose_verification_kernel, skinny_linear
 from ..reward_memory import reward_memory_scope
 from ..stats import TIME_PARTS
 from .methods import Method
@@ -53,11 +53,12 @@ def _count_forwards(model: torch.nn.Module) -> tuple[list[int], Any]:
 
 
 def _kernel_context(target: Any, method: Method, rows: int | None) -> tuple[Any, str | None]:
-    """The verification kernel a method runs under: MetaSD's measured choice for ``kernel="metasd"``."""
+    """The verification kernel a method runs under: for ``kernel="metasd"``, the kernel MetaSD's calls found cheaper
+    for passes of `rows` tokens in this process (`PassKernels.best`; its layer-level first choice before any pass)."""
     if method.kernel != "metasd" or rows is None or not 2 <= rows <= DEFAULT_MAX_ROWS:
         return nullcontext(), None
-    choice = choose_verification_kernel(target, [rows])
-    return (skinny_linear(target) if choice.kernel == "skinny" else nullcontext()), choice.kernel
+    kernel = PassKernels(target, choose_verification_kernel(target, [rows]).kernel).best(rows)
+    return (skinny_linear(target) if kernel == "skinny" else nullcontext()), kernel
 
 
 def run_bench(

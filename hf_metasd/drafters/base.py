@@ -193,6 +193,10 @@ class Drafter(ABC):
     #: probabilities falls below it (model drafters; see `ModelDrafter`). The candidate generator passes it only to
     #: drafters that set this.
     stops_on_confidence: ClassVar[bool] = False
+    #: Whether `draft` leaves the length of the context suffix its proposal continues in ``last_match_length`` and
+    #: that suffix's occurrences in ``last_support`` (corpus drafters), so that the candidate generator can hand a
+    #: round to the model-free arm with the longest match (match routing, see `hf_metasd.candidate_generator`).
+    scores_matches: ClassVar[bool] = False
 
     #: Where a pool loaded the drafter from; ``None`` for a drafter built in memory (see the class docstring).
     source: dict[str, Any] | None = None

@@ -487,6 +487,7 @@ class CorpusDrafter(Drafter):
     kind = "corpus"
     returns_logits = False
     replayable = True
+    scores_matches = True
 
     def __init__(
         self,
