@@ -10,6 +10,10 @@ under each policy setting, measured in one run on this machine, and checks every
 
     python recipes/untrained_pool_probe.py
     python recipes/untrained_pool_probe.py --embedded
+
+``--first-kernel stock`` makes the layer-level kernel measurement answer "stock" (as a burst of load from another
+process can make it answer): how much of the loss the checks on whole passes (`hf_metasd.kernels.PassKernels`)
+recover; ``--no-pass-check`` runs the first choice for every pass, as before those checks.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pathlib import Path
 import torch
 
 import hf_metasd
-from hf_metasd import DrafterPool
+from hf_metasd import DrafterPool, generation, kernels
 from hf_metasd.benchmark.methods import untrained_drafters
 from hf_metasd.benchmark.offline import load_default_target, load_embedded_pool
 
@@ -54,10 +58,17 @@ def main() -> None:
     parser.add_argument("--embedded", action="store_true", help="the embedded pool instead of untrained drafters")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--first-kernel", choices=["skinny", "stock"], default=None, help="force the first choice")
+    parser.add_argument("--no-pass-check", action="store_true", help="keep the first choice for every pass")
     parser.add_argument("--per-task", type=int, default=1, help="dev prompts per task (the first ones of the split)")
     parser.add_argument("--settings", type=json.loads, default=None, help="JSON: name -> [policy, kwargs(, settings)]")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.first_kernel is not None:
+        first = kernels.KernelChoice(args.first_kernel, measured=True)
+        generation.choose_verification_kernel = lambda *a, **k: first
+    if args.no_pass_check:  # every length's comparison decided for the first choice, never re-checked
+        kernels.PassKernels.choose = lambda self, k: self.first_choice if 2 <= k <= self.max_rows else None
     target, tokenizer = load_default_target(torch.float32)
     if args.embedded:
         pool = load_embedded_pool(target)
