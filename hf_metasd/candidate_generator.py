@@ -342,9 +342,14 @@ class MetaCandidateGenerator(CandidateGenerator):
         pending.routed_from = None if arm == selected else selected
         tokens, logits = self._draft(pending, input_ids, num_tokens, warm=first and self._warm_window > 0)
         if self._pass_kernels is not None and not first:  # the first pass holds the prompt: too many rows
-            pending.kernel = self._pass_kernels.choose(1 + (0 if tokens is None else tokens.shape[-1]))
+            rows = 1 + (0 if tokens is None else tokens.shape[-1])
+            pending.kernel = self._pass_kernels.choose(rows)
             if pending.kernel is not None:
-                self._kernel_switch.skinny = pending.kernel == "skinny"
+                switch = self._kernel_switch
+                if rows == 1:  # a plain step: "skinny" is the row repeated twice; the drafters' steps never are
+                    switch.one_row = pending.kernel == "skinny"
+                else:
+                    switch.skinny = pending.kernel == "skinny"
         pending.verify_started = self.clock()
         self._pending = pending
         if first and self._warm_window:
@@ -543,6 +548,8 @@ class MetaCandidateGenerator(CandidateGenerator):
         now = self.clock()
         seconds = now - pending.started
         drafted = 0 if is_plain else int(pending.tokens.shape[0])
+        if self._kernel_switch is not None:
+            self._kernel_switch.one_row = False  # only the verification pass it was set for
         if not pending.first:  # the first round's pass is the prompt's prefill
             verify = now - pending.verify_started
             kernels = self._pass_kernels

@@ -37,6 +37,18 @@ on a doubling schedule (when the leader has ``4 * 2**c`` passes at ``k``, ``c`` 
 that misled one comparison is corrected at a cost of :math:`O(\\log n)` passes. `hf_metasd.generate` applies this
 (``meta_skinny_gemm=None``, the default), or the user forces a kernel (``True`` / ``False``). The call's telemetry
 says which kernel each pass ran (`MetaSDStats.kernels`) and what the passes cost (`MetaSDStats.kernel_pass_costs`).
+
+**One-token passes** (the no-draft arm's plain steps, rounds where every drafter abstained) get the same treatment
+with one more candidate: the one-row product computed as the transposed product of the row repeated twice,
+
+$$y = \\big(W\\,[x;\\,x]^\\top\\big)^\\top_{0},$$
+
+because on some CPUs a one-column matrix-vector product is the slow case: on a 2-core AMD EPYC with AVX-512, the
+SmolLM2-135M output layer (49152 x 576) took 11.2 ms for one row and 4.8 ms for two rows the transposed way (median
+of 100, `torch.mm`), and a whole two-token pass was cheaper than a one-token one (`python
+recipes/bench_verify_cost.py`). A one-token pass starts on the stock kernel (what plain `generate` runs), tries the
+repeated row once, then keeps the cheaper by the same rule; on machines where it does not pay it is tried
+:math:`O(\\log n)` times per process.
 """
 
 from __future__ import annotations
@@ -103,6 +115,8 @@ class KernelSwitch:
 
     Attributes:
         skinny: ``True``: the transposed product (for 2 to `max_rows` rows); ``False``: the layers' own forward.
+        one_row: ``True``: a one-row product is computed as the transposed product of the row repeated twice (its
+            first row kept); ``False`` (the default): one row runs the layer's own forward.
 
     Example:
         >>> layer, switch = torch.nn.Linear(16, 64), KernelSwitch(skinny=False)
@@ -114,11 +128,12 @@ class KernelSwitch:
         (torch.Size([3, 64]), torch.Size([3, 64]))
     """
 
-    def __init__(self, skinny: bool = True) -> None:
+    def __init__(self, skinny: bool = True, one_row: bool = False) -> None:
         self.skinny = bool(skinny)
+        self.one_row = bool(one_row)
 
     def __repr__(self) -> str:
-        return f"KernelSwitch(skinny={self.skinny})"
+        return f"KernelSwitch(skinny={self.skinny}, one_row={self.one_row})"
 
 
 def _skinny_forward(module: torch.nn.Linear, max_rows: int, switch: KernelSwitch | None) -> Any:
@@ -126,7 +141,12 @@ def _skinny_forward(module: torch.nn.Linear, max_rows: int, switch: KernelSwitch
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.dim() >= 2 and x.shape[-1] else 0
-        if (switch is not None and not switch.skinny) or not 2 <= rows <= max_rows or x.dtype != torch.float32:
+        if x.dtype != torch.float32:
+            return original(x)
+        if rows == 1 and switch is not None and switch.one_row:  # the row twice: a GEMM instead of a GEMV
+            out = _transposed_linear(x.reshape(1, x.shape[-1]).repeat(2, 1), module.weight, module.bias)[:1]
+            return out.reshape(*x.shape[:-1], module.weight.shape[0])
+        if (switch is not None and not switch.skinny) or not 2 <= rows <= max_rows:
             return original(x)
         out = _transposed_linear(x.reshape(rows, x.shape[-1]), module.weight, module.bias)
         return out.reshape(*x.shape[:-1], module.weight.shape[0])
@@ -299,23 +319,26 @@ _KERNELS = ("skinny", "stock")
 class PassKernels:
     r"""The verification kernel of each pass, from whole passes timed in this process (see the module docstring).
 
-    Per pass length :math:`k` (tokens fed to the target, 2 to `max_rows`) and kernel, the smoothed seconds
+    Per pass length :math:`k` (tokens fed to the target, 1 to `max_rows`) and kernel, the smoothed seconds
     :math:`\hat t_{k,\kappa}` and the count :math:`n_{k,\kappa}` of the passes timed so far. `choose` returns the
     first choice while :math:`k` has no pass, then the other kernel once, then the leader
     :math:`\arg\min_\kappa \hat t_{k,\kappa}`, except that the other one runs again whenever
-    :math:`n_{k,\text{leader}} \ge 4 \cdot 2^{n_{k,\text{other}}}` (re-checks at doubling intervals). A pass of
-    one token, or of more than `max_rows`, never reaches the transposed product: its kernel is ``None``.
+    :math:`n_{k,\text{leader}} \ge 4 \cdot 2^{n_{k,\text{other}}}` (re-checks at doubling intervals). For
+    :math:`k = 1` the first choice is always ``"stock"`` (what plain `generate` runs) and ``"skinny"`` means the row
+    repeated twice (`KernelSwitch.one_row`). A pass of more than `max_rows` tokens never reaches the transposed
+    product: its kernel is ``None``.
 
     Args:
         target: the model whose per-process cache to read and update (``None``: this object's own).
-        first_choice: ``"skinny"`` or ``"stock"``, the kernel a length starts with (the layer-level measurement).
+        first_choice: ``"skinny"`` or ``"stock"``, the kernel a length of 2 or more starts with (the layer-level
+            measurement).
         max_rows: the largest pass the transposed product applies to.
         smoothing: :math:`\lambda \in (0, 1]` of the smoothed seconds.
 
     Example:
         >>> kernels = PassKernels(None, "skinny")
-        >>> kernels.choose(1), kernels.choose(4)          # one token: no choice; 4 tokens: the first choice first
-        (None, 'skinny')
+        >>> kernels.choose(1), kernels.choose(4), kernels.choose(9)   # one token starts on the stock kernel
+        ('stock', 'skinny', None)
         >>> kernels.observe(4, "skinny", 0.20); kernels.choose(4)   # then the other kernel, once
         'stock'
         >>> kernels.observe(4, "stock", 0.10); kernels.choose(4), kernels.best(4)
@@ -339,35 +362,38 @@ class PassKernels:
     def _at(self, num_tokens: int) -> dict[str, tuple[float, int]]:
         return self._costs.setdefault((self._threads, num_tokens), {})
 
+    def _first(self, num_tokens: int) -> str:
+        return "stock" if num_tokens == 1 else self.first_choice
+
     def best(self, num_tokens: int) -> str | None:
         """The leader at `num_tokens` (the first choice until both kernels were timed there); ``None`` where the
         transposed product does not apply."""
-        if not 2 <= num_tokens <= self.max_rows:
+        if not 1 <= num_tokens <= self.max_rows:
             return None
-        costs = self._at(num_tokens)
+        costs, first = self._at(num_tokens), self._first(num_tokens)
         if len(costs) < 2:
-            return self.first_choice
-        return min(_KERNELS, key=lambda kernel: (costs[kernel][0], kernel != self.first_choice))
+            return first
+        return min(_KERNELS, key=lambda kernel: (costs[kernel][0], kernel != first))
 
     def choose(self, num_tokens: int) -> str | None:
         """The kernel of the next pass over `num_tokens` tokens (see the class docstring)."""
-        if not 2 <= num_tokens <= self.max_rows:
+        if not 1 <= num_tokens <= self.max_rows:
             return None
-        costs = self._at(num_tokens)
-        other = "stock" if self.first_choice == "skinny" else "skinny"
-        if self.first_choice not in costs:
-            return self.first_choice
+        costs, first = self._at(num_tokens), self._first(num_tokens)
+        other = "stock" if first == "skinny" else "skinny"
+        if first not in costs:
+            return first
         if other not in costs:
             return other
         leader = self.best(num_tokens)
-        trailer = other if leader == self.first_choice else self.first_choice
+        trailer = other if leader == first else first
         if costs[leader][1] >= 4 * 2 ** costs[trailer][1]:
             return trailer
         return leader
 
     def observe(self, num_tokens: int, kernel: str | None, seconds: float) -> None:
         """Fold one timed pass over `num_tokens` tokens under `kernel` into its estimate (``None``: nothing)."""
-        if kernel is None or not 2 <= num_tokens <= self.max_rows:
+        if kernel is None or not 1 <= num_tokens <= self.max_rows:
             return
         costs = self._at(num_tokens)
         old = costs.get(kernel)

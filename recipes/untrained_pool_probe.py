@@ -10,10 +10,16 @@ under each policy setting, measured in one run on this machine, and checks every
 
     python recipes/untrained_pool_probe.py
     python recipes/untrained_pool_probe.py --embedded
+    python recipes/untrained_pool_probe.py --embedded --per-task 3 --drop general
+
+``--drop ARM`` (with ``--embedded``, repeatable) adds a setting: the pool's defaults on the pool without that arm
+(its prior dropped with it), run in the same loop, so that an arm's measured contribution on dev prompts is the
+ratio of two rows of one run.
 
 ``--first-kernel stock`` makes the layer-level kernel measurement answer "stock" (as a burst of load from another
 process can make it answer): how much of the loss the checks on whole passes (`hf_metasd.kernels.PassKernels`)
-recover; ``--no-pass-check`` runs the first choice for every pass, as before those checks.
+recover; ``--no-pass-check`` runs the first choice for every pass, as before those checks. ``--no-one-row`` keeps
+one-token passes on the stock kernel (no repeated-row product).
 """
 
 from __future__ import annotations
@@ -51,6 +57,25 @@ EMBEDDED_SETTINGS = {
 }
 
 
+def without_arm(pool: DrafterPool, arm: str) -> DrafterPool:
+    """`pool` less the drafter named `arm`, with the same defaults and the other arms' priors."""
+    names = [drafter.name for drafter in pool.drafters]
+    if arm not in names:
+        raise SystemExit(f"`--drop` must name an arm of the pool, one of {names}, but is {arm!r}.")
+    kwargs = pool.generate_kwargs()
+    priors = kwargs["meta_priors"]
+    return DrafterPool(
+        [drafter for drafter in pool.drafters if drafter.name != arm],
+        target=pool.target,
+        policy=kwargs["meta_policy"],
+        policy_kwargs=kwargs["meta_policy_kwargs"],
+        reward=kwargs["meta_reward"],
+        num_assistant_tokens=kwargs["num_assistant_tokens"],
+        priors=None if priors is None else {name: mean for name, mean in priors.items() if name != arm},
+        prior_weight=kwargs["meta_prior_weight"],
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", type=Path, default=REPO_ROOT.parent / "shared" / "data")
@@ -60,7 +85,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--first-kernel", choices=["skinny", "stock"], default=None, help="force the first choice")
     parser.add_argument("--no-pass-check", action="store_true", help="keep the first choice for every pass")
+    parser.add_argument("--no-one-row", action="store_true", help="one-token passes: stock kernel only")
     parser.add_argument("--per-task", type=int, default=1, help="dev prompts per task (the first ones of the split)")
+    parser.add_argument("--drop", action="append", default=[], help="with --embedded: also run without this arm")
     parser.add_argument("--settings", type=json.loads, default=None, help="JSON: name -> [policy, kwargs(, settings)]")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -69,6 +96,9 @@ def main() -> None:
         generation.choose_verification_kernel = lambda *a, **k: first
     if args.no_pass_check:  # every length's comparison decided for the first choice, never re-checked
         kernels.PassKernels.choose = lambda self, k: self.first_choice if 2 <= k <= self.max_rows else None
+    if args.no_one_row:  # one-token passes never try the row repeated twice, as before that candidate
+        choose = kernels.PassKernels.choose
+        kernels.PassKernels.choose = lambda self, k: None if k == 1 else choose(self, k)
     target, tokenizer = load_default_target(torch.float32)
     if args.embedded:
         pool = load_embedded_pool(target)
@@ -76,6 +106,11 @@ def main() -> None:
         pool = DrafterPool(untrained_drafters(target, args.drafters), target=target)
     if args.settings is None:
         args.settings = EMBEDDED_SETTINGS if args.embedded else SETTINGS
+    pools = dict.fromkeys(args.settings, pool)
+    for arm in args.drop:
+        name = f"pool defaults without {arm}"
+        args.settings = {**args.settings, name: (None, {})}
+        pools[name] = without_arm(pool, arm)
     prompts = [
         prompt[1]
         for task in TASKS
@@ -97,7 +132,7 @@ def main() -> None:
                 out = target.generate(
                     ids,
                     custom_generate=hf_metasd.generate,
-                    assistant_models=pool,
+                    assistant_models=pools[name],
                     **({} if policy is None else {"meta_policy": policy, "meta_policy_kwargs": kwargs}),
                     **(settings[0] if settings else {}),
                     **common,

@@ -184,9 +184,27 @@ def test_pass_kernels_try_both_then_follow_the_cheaper_and_recheck_on_a_doubling
     stock_at = [i for i, kernel in enumerate(ran) if kernel == "stock"]
     assert stock_at == [0, 9, 18, 35]
     assert kernels.best(3) == "skinny" and kernels.summary()[3]["stock"] == pytest.approx(0.3)
-    assert kernels.choose(1) is None and kernels.choose(9) is None and kernels.best(1) is None  # no choice there
-    kernels.observe(1, "skinny", 5.0)  # ignored: the transposed product never applies to one row
-    assert 1 not in kernels.summary()
+    assert kernels.choose(9) is None and kernels.best(9) is None  # beyond max_rows: no choice there
+    kernels.observe(9, "skinny", 5.0)  # ignored: the transposed product never applies there
+    assert 9 not in kernels.summary()
+
+
+def test_a_one_token_pass_starts_on_the_stock_kernel_whatever_the_first_choice():
+    """Plain `generate`'s kernel first, then the row repeated twice once, then the cheaper, re-checked as above."""
+    from hf_metasd.kernels import PassKernels
+
+    kernels = PassKernels(None, "skinny")
+    ran = []
+    for _ in range(12):
+        kernel = kernels.choose(1)
+        ran.append(kernel)
+        kernels.observe(1, kernel, 0.05 if kernel == "skinny" else 0.07)
+    assert ran[:3] == ["stock", "skinny", "skinny"] and ran.index("stock", 1) == 9  # re-check at 4 * 2**1 passes
+    assert kernels.best(1) == "skinny" and kernels.summary()[1] == pytest.approx({"stock": 0.07, "skinny": 0.05})
+    slower = PassKernels(None, "skinny")
+    slower.observe(1, "stock", 0.05)
+    slower.observe(1, "skinny", 0.05)
+    assert slower.best(1) == "stock"  # a tie keeps the stock kernel for one token
 
 
 def test_pass_kernels_are_kept_per_length_and_per_target_and_the_first_choice_wins_ties():
@@ -215,6 +233,48 @@ def test_the_switch_turns_the_transposed_product_off_between_passes(monkeypatch)
         switch.skinny = True
         layer(x)
     assert len(calls) == 1
+
+
+def test_the_switch_computes_one_row_as_the_row_repeated_twice_only_when_asked(monkeypatch):
+    from hf_metasd.kernels import KernelSwitch
+
+    layer, x = torch.nn.Linear(16, 32), torch.randn(1, 1, 16)
+    switch = KernelSwitch(skinny=True)
+    assert repr(switch) == "KernelSwitch(skinny=True, one_row=False)"
+    calls = _counting_mm(monkeypatch)
+    with skinny_linear(layer, switch=switch):
+        assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias)) and calls == []
+        switch.one_row = True
+        y = layer(x)
+    assert len(calls) == 1 and y.shape == (1, 1, 32)
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, layer.weight, layer.bias))
+    with skinny_linear(layer):  # no switch (a forced kernel): one row keeps the layer's own forward
+        layer(x)
+    assert len(calls) == 1
+
+
+def test_generate_times_its_plain_steps_under_both_one_row_products_and_stays_lossless(target, drafters):
+    """The no-draft arm forced: every round after the prompt is a one-token pass; the first runs the stock kernel,
+    the next the row repeated twice, and the output is plain greedy decoding's."""
+    from hf_metasd.kernels import _PASS_COSTS
+
+    _PASS_COSTS.pop(target, None)
+    prompt = prompts(1, seed=4)[0]
+    out = metasd_greedy(
+        target,
+        prompt,
+        12,
+        assistant_models=drafters,
+        meta_policy="fixed",
+        meta_policy_kwargs={"arm": len(drafters)},  # the no-draft arm
+        meta_skinny_gemm=None,
+        return_dict_in_generate=True,
+    )
+    stats = out.metasd
+    assert torch.equal(out.sequences, greedy(target, prompt, 12))
+    assert stats.drafted[1:] == [0] * (len(stats.drafted) - 1)
+    assert stats.kernels[1:3] == ["stock", "skinny"]
+    assert set(stats.kernel_pass_costs[1]) == {"stock", "skinny"}
 
 
 def test_generate_checks_a_wrong_first_choice_on_its_passes_and_stays_lossless(target, drafters, monkeypatch):
