@@ -512,6 +512,8 @@ class MetaCandidateGenerator(CandidateGenerator):
         `num_matches` the drafted tokens it accepted, `num_kept` the tokens the round added after stopping criteria
         (default: ``num_matches + 1``)."""
         pending, self._pending = self._pending, None
+        if self._kernel_switch is not None:
+            self._kernel_switch.one_row = False  # only for the verification pass it was set for: drafters never
         if pending is None:  # called without get_candidates: nothing to learn
             return
         drafted = 0 if pending.tokens is None else int(pending.tokens.shape[0])
@@ -548,8 +550,6 @@ class MetaCandidateGenerator(CandidateGenerator):
         now = self.clock()
         seconds = now - pending.started
         drafted = 0 if is_plain else int(pending.tokens.shape[0])
-        if self._kernel_switch is not None:
-            self._kernel_switch.one_row = False  # only the verification pass it was set for
         if not pending.first:  # the first round's pass is the prompt's prefill
             verify = now - pending.verify_started
             kernels = self._pass_kernels

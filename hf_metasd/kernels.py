@@ -141,14 +141,14 @@ def _skinny_forward(module: torch.nn.Linear, max_rows: int, switch: KernelSwitch
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.dim() >= 2 and x.shape[-1] else 0
-        if x.dtype != torch.float32:
+        one_row = rows == 1 and switch is not None and switch.one_row
+        several = 2 <= rows <= max_rows and (switch is None or switch.skinny)
+        if x.dtype != torch.float32 or not (one_row or several):
             return original(x)
-        if rows == 1 and switch is not None and switch.one_row:  # the row twice: a GEMM instead of a GEMV
-            out = _transposed_linear(x.reshape(1, x.shape[-1]).repeat(2, 1), module.weight, module.bias)[:1]
-            return out.reshape(*x.shape[:-1], module.weight.shape[0])
-        if (switch is not None and not switch.skinny) or not 2 <= rows <= max_rows:
-            return original(x)
-        out = _transposed_linear(x.reshape(rows, x.shape[-1]), module.weight, module.bias)
+        flat = x.reshape(rows, x.shape[-1])
+        if one_row:  # the row twice: a GEMM instead of a GEMV
+            flat = flat.repeat(2, 1)
+        out = _transposed_linear(flat, module.weight, module.bias)[:rows]
         return out.reshape(*x.shape[:-1], module.weight.shape[0])
 
     return forward
