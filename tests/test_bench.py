@@ -44,6 +44,10 @@ def test_run_and_report(bench_setup, target, tmp_path):
     assert all(r.new_tokens == 10 for r in records)
     auto = [r for r in records if r.method == "autoregressive"]
     assert all(r.target_forwards == 10 for r in auto)  # one forward per token
+    # MetaSD rows keep each round's drafted and accepted counts (`recipes/bench_goals.py --diagnose` reads them)
+    meta = [r for r in records if r.arms]
+    assert meta and all(len(r.drafted) == len(r.accepted) == len(r.arms) for r in meta)
+    assert all(a <= d for r in meta for a, d in zip(r.accepted, r.drafted))
     summary = summarize(records, [d.name for d in pool])
     # the oracle is fixed[<task>]: for qa prompts the exact copy accepts everything
     oracle_qa = summary["oracle"]["qa"]

@@ -59,3 +59,49 @@ def test_bench_goals_reads_the_goal_figures_from_results():
     assert g["best_fixed"] == ("fixed[x]", 1.25) and g["vs_best_fixed"] == 0.8
     assert g["vs_oracle_per_task"] == {"a": (1.25, "fixed[x]"), "b": (0.5, "fixed[y]")}
     assert g["overhead_percent"] == {"policy": 0.2, "reward": 0.4, "kernel_choice": 0.0, "replay": 1.0}
+
+
+def test_bench_goals_diagnosis_splits_each_ratio_into_passes_and_cost_per_pass():
+    sys.path.insert(0, str(RECIPES))
+    from bench_goals import diagnose
+
+    def record(method, task, seconds, passes, drafted, split):
+        return {
+            "method": method,
+            "prompt_id": f"{task}/0",
+            "task": task,
+            "seconds": seconds,
+            "target_forwards": passes,
+            "drafted": drafted,
+            "time_split": split,
+        }
+
+    results = {
+        "records": [
+            record("autoregressive", "a", 4.0, 40, [], {}),
+            # metasd: 20 passes of 0.1 s (verify 0.08, draft + catch-up 0.01, policy + replay 0.005, the rest 0.005)
+            record(
+                "metasd",
+                "a",
+                2.0,
+                20,
+                [3] * 10 + [1] * 10,
+                {"verify": 1.6, "draft": 0.1, "catch_up": 0.1, "policy": 0.04, "replay": 0.06},
+            ),
+            # fixed[x]: 25 passes of 0.064 s, every one verified alone (drafted 0)
+            record("fixed[x]", "a", 1.6, 25, [0] * 25, {"verify": 1.5, "draft": 0.05}),
+        ],
+        "summary": {
+            "metasd": {"a": {"speedup": 2.0}, "overall": {"speedup": 2.0}},
+            "fixed[x]": {"a": {"speedup": 2.5}, "overall": {"speedup": 2.5}},
+        },
+    }
+    d = diagnose(results)
+    assert set(d) == {"a", "overall"} and d["a"]["reference"] == d["overall"]["reference"] == "fixed[x]"
+    a = d["a"]
+    assert a["pass_ratio"] == 25 / 20 and abs(a["cost_ratio"] - (1.6 / 25) / (2.0 / 20)) < 1e-12
+    assert abs(a["ratio"] - 1.6 / 2.0) < 1e-12  # the speed ratio, exactly passes x cost per pass
+    ms = a["method_ms"]
+    assert [round(ms[k], 9) for k in ("verify", "drafting", "metasd", "other", "total")] == [80, 10, 5, 5, 100]
+    assert ms["verified"] == 1 + 40 / 20
+    assert a["reference_ms"]["verified"] == 1 and round(a["reference_ms"]["other"], 9) == 2

@@ -38,6 +38,7 @@ class BenchRecord:
     identical: bool
     arms: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
+    drafted: list[int] = field(default_factory=list)
     time_split: dict[str, float] = field(default_factory=dict)
     trace: list[dict] = field(default_factory=list)
     kernel: str | None = None
@@ -116,6 +117,7 @@ def run_bench(
                         if stats is not None
                         else [],
                         accepted=list(stats.accepted) if stats is not None else [],
+                        drafted=list(stats.drafted) if stats is not None else [],
                         time_split={k: getattr(stats, f"{k}_seconds") for k in TIME_PARTS} if stats else {},
                         trace=stats.to_trace() if stats is not None and stats.counterfactual_rewards else [],
                         kernel=stats.kernel if stats is not None else kernel,
