@@ -5,8 +5,10 @@ For every task of ``<data-dir>/train/`` the prompts are shuffled with ``--seed``
 generated here, the next ``--max-prompts-per-task`` are answered by the target (greedy, batched with left padding).
 Benchmark prompts (Spec-Bench, HumanEval) are never read.
 
-Answers are cached per task in ``--out/<task>.pt`` (``{"prompts": [[ids]], "outputs": [[ids]], "seconds": s}``) and
-extended incrementally, so a larger ``--max-prompts-per-task`` only generates the new prompts. Run from the repository
+Answers are cached per task in ``--out/<task>.pt`` (``{"prompts": [[ids]], "outputs": [[ids]], "seconds": s, "dtype":
+d}``) and extended incrementally, so a larger ``--max-prompts-per-task`` only generates the new prompts; a store is
+never extended in another ``--dtype`` than it was made in (bf16 greedy answers drift from fp32 ones after a few dozen
+tokens: keep them apart, or start another ``--out``). Run from the repository
 root::
 
     python recipes/generate_task_outputs.py                       # every task (about 1 h on 2 cores, fp32)
@@ -112,6 +114,12 @@ def main(argv=None) -> None:
         todo[task] = [ids for _, ids in train[: args.max_prompts_per_task]]
         path = args.out / f"{task}.pt"
         stores[task] = torch.load(path) if path.is_file() else {"prompts": [], "outputs": [], "seconds": 0.0}
+        made_in = stores[task].setdefault("dtype", args.dtype if not stores[task]["prompts"] else "float32")
+        if made_in != args.dtype:
+            raise SystemExit(
+                f"`--dtype` must be the dtype {path} was made in ({made_in}), but is {args.dtype}. "
+                "Pass that dtype, or another `--out`."
+            )
     # one chunk of every task in turn, so that a partial run already covers every task
     while any(len(stores[t]["prompts"]) < len(todo[t]) for t in args.tasks):
         for task in args.tasks:

@@ -6,7 +6,9 @@ A pool of `--drafters` untrained 2-layer drafters of the target's vocabulary (pl
 prompt of each task (`recipes/generate_task_outputs.py`'s split: never a benchmark prompt, never a training prompt),
 greedy, `--max-new-tokens` tokens, a fresh policy per call (which, unless ``meta_learned_priors`` is off, starts from
 what the same setting's earlier calls learnt: `hf_metasd.reward_memory`). Prints the wall time of plain `generate` and of MetaSD
-under each policy setting, measured in one run on this machine, and checks every output against plain `generate`.
+under each policy setting, measured in one run on this machine, and checks every output against plain `generate`;
+then, per setting, its target passes, the tokens each pass verified (1 + drafted) and the milliseconds per pass by
+part (verification, drafting with catch-up and prefill, MetaSD's own work: policy, reward, kernel choice, replay).
 
     python recipes/untrained_pool_probe.py
     python recipes/untrained_pool_probe.py --embedded
@@ -42,6 +44,12 @@ sys.path.insert(0, str(REPO_ROOT / "recipes"))
 from generate_task_outputs import task_split  # noqa: E402
 from train_drafters import TASKS  # noqa: E402
 
+#: the parts of a pass the summary reports -> `MetaSDStats` timers
+PARTS = {
+    "verify": ("verify",),
+    "drafting": ("draft", "catch_up", "prefill"),
+    "metasd": ("policy", "reward", "kernel_choice", "replay"),
+}
 #: name -> (policy, policy kwargs[, other MetaSD settings of `generate`])
 SETTINGS = {
     "ucb_scaled (the default)": ("ucb_scaled", {}),
@@ -122,6 +130,7 @@ def main() -> None:
     target.generate(prompts[0], custom_generate=hf_metasd.generate, assistant_models=pool, **common)
     hf_metasd.clear_reward_memory()  # what the warm-up learnt: no setting starts with it
     seconds = {"plain": 0.0, **dict.fromkeys(args.settings, 0.0)}
+    passes = {name: dict.fromkeys(("passes", "verified", *PARTS), 0.0) for name in args.settings}
     for ids in prompts:
         start = time.perf_counter()
         reference = target.generate(ids, **common)
@@ -135,13 +144,27 @@ def main() -> None:
                     assistant_models=pools[name],
                     **({} if policy is None else {"meta_policy": policy, "meta_policy_kwargs": kwargs}),
                     **(settings[0] if settings else {}),
+                    return_dict_in_generate=True,
                     **common,
                 )
             seconds[name] += time.perf_counter() - start
+            stats, out = out.metasd, out.sequences
+            tally = passes[name]
+            tally["passes"] += len(stats.drafted)
+            tally["verified"] += len(stats.drafted) + sum(stats.drafted)
+            for part, names in PARTS.items():
+                tally[part] += sum(getattr(stats, f"{n}_seconds") for n in names)
             if not torch.equal(out, reference):
                 raise SystemExit(f"{name} changed the output: a losslessness bug, please report it")
     for name, value in seconds.items():
         print(f"{name:>34}: {value:6.1f} s   {seconds['plain'] / value:.2f}x plain")
+    print("per target pass: tokens verified; ms of verification, drafting, MetaSD's own work, all")
+    for name, tally in passes.items():
+        n = tally["passes"]
+        ms = "  ".join(f"{part} {1000 * tally[part] / n:5.1f}" for part in PARTS)
+        print(
+            f"{name:>34}: {int(n)} passes  {tally['verified'] / n:.2f} tokens  {ms}  all {1000 * seconds[name] / n:5.1f}"
+        )
 
 
 if __name__ == "__main__":
