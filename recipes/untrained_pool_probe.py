@@ -16,7 +16,9 @@ part (verification, drafting with catch-up and prefill, MetaSD's own work: polic
 
 ``--drop ARM`` (with ``--embedded``, repeatable) adds a setting: the pool's defaults on the pool without that arm
 (its prior dropped with it), run in the same loop, so that an arm's measured contribution on dev prompts is the
-ratio of two rows of one run.
+ratio of two rows of one run. ``--pool PATH`` (repeatable) adds the defaults of another saved pool for the same
+target (e.g. the embedded pool of an earlier commit, ``git archive <commit> hf_metasd/data/pools | tar -x -C DIR``),
+so that a rebuilt pool is compared with the one it replaces in one run.
 
 ``--first-kernel stock`` makes the layer-level kernel measurement answer "stock" (as a burst of load from another
 process can make it answer): how much of the loss the checks on whole passes (`hf_metasd.kernels.PassKernels`)
@@ -96,6 +98,7 @@ def main() -> None:
     parser.add_argument("--no-one-row", action="store_true", help="one-token passes: stock kernel only")
     parser.add_argument("--per-task", type=int, default=1, help="dev prompts per task (the first ones of the split)")
     parser.add_argument("--drop", action="append", default=[], help="with --embedded: also run without this arm")
+    parser.add_argument("--pool", action="append", default=[], help="with --embedded: also run this saved pool")
     parser.add_argument("--settings", type=json.loads, default=None, help="JSON: name -> [policy, kwargs(, settings)]")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -115,6 +118,10 @@ def main() -> None:
     if args.settings is None:
         args.settings = EMBEDDED_SETTINGS if args.embedded else SETTINGS
     pools = dict.fromkeys(args.settings, pool)
+    for path in args.pool:
+        name = f"pool {path}"
+        args.settings = {**args.settings, name: (None, {})}
+        pools[name] = load_embedded_pool(target, path)
     for arm in args.drop:
         name = f"pool defaults without {arm}"
         args.settings = {**args.settings, name: (None, {})}
