@@ -43,15 +43,10 @@ from hf_metasd.benchmark.offline import load_default_target, load_embedded_pool
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "recipes"))
+from bench_goals import PARTS  # noqa: E402  (the parts of a pass -> `MetaSDStats` timers)
 from generate_task_outputs import task_split  # noqa: E402
 from train_drafters import TASKS  # noqa: E402
 
-#: the parts of a pass the summary reports -> `MetaSDStats` timers
-PARTS = {
-    "verify": ("verify",),
-    "drafting": ("draft", "catch_up", "prefill"),
-    "metasd": ("policy", "reward", "kernel_choice", "replay"),
-}
 #: name -> (policy, policy kwargs[, other MetaSD settings of `generate`])
 SETTINGS = {
     "ucb_scaled (the default)": ("ucb_scaled", {}),
