@@ -443,7 +443,8 @@ class MetaCandidateGenerator(CandidateGenerator):
     def _draft(
         self, pending: _Round, input_ids: torch.LongTensor, num_tokens: int, *, warm: bool
     ) -> tuple[torch.LongTensor | None, torch.Tensor | None]:
-        """Let `pending.arm` catch up and draft; on abstention, ask the policy's fallback (bounded by the pool)."""
+        """Let `pending.arm` catch up and draft; on abstention, ask the policy's fallback (bounded by the pool), which
+        drafts the length chosen for it."""
         for _ in range(self.num_arms):
             arm = pending.arm
             if arm == self.no_draft_arm or num_tokens == 0:
@@ -471,6 +472,8 @@ class MetaCandidateGenerator(CandidateGenerator):
             if fallback is None:
                 return None, None
             pending.arm = self._check_arm(fallback, "fallback")
+            # the length was chosen for the arm that abstained: the fallback drafts its own (`DraftLength.choose`)
+            num_tokens = pending.num_tokens = self._draft_length(input_ids, pending.arm)
         return None, None
 
     def _catch_up(self, pending: _Round, input_ids: torch.LongTensor, *, warm: bool) -> None:

@@ -14,6 +14,7 @@ import hf_metasd
 import hf_metasd.stats
 from hf_metasd import MetaSDConfigError
 from hf_metasd.drafters import PromptLookupDrafter
+from hf_metasd.policies.fixed import FixedPolicy
 
 PROMPTS = prompts(6, seed=99)
 
@@ -317,6 +318,35 @@ def test_abstentions_are_not_pulls(target, target_copy):
     assert sum(stats.pulls) == sum(r is not None for r in stats.rewards)
     assert stats.pulls[0] == sum(1 for a, r in zip(stats.arms, stats.rewards) if a == 0 and r is not None)
     assert sum(0 in a for a in stats.abstained) >= 1
+
+
+def test_a_fallback_drafts_the_length_chosen_for_it(target, target_copy, monkeypatch):
+    # the policy always asks the silent drafter first (3 tokens for it); when it abstains, the round goes to the
+    # target's copy, which must draft its own length (1 token here), not the one chosen for the arm that abstained
+    def choose(self, arm, cap=None):
+        cap = self.max_tokens if cap is None else min(cap, self.max_tokens)
+        return min(3 if arm == 0 else 1, cap)
+
+    class AskSilentFirst(FixedPolicy):
+        def fallback(self, exclude):
+            return next((arm for arm in range(self.num_arms) if arm not in exclude), None)
+
+    monkeypatch.setattr(hf_metasd.draft_length.DraftLength, "choose", choose)
+    prompt = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+    silent = PromptLookupDrafter(max_matching_ngram_size=1, name="silent")
+    out = metasd_greedy(
+        target,
+        prompt,
+        24,
+        assistant_models=[silent, target_copy],
+        meta_policy=AskSilentFirst(arm=0),
+        meta_no_draft=False,
+        return_dict_in_generate=True,
+    )
+    stats = out.metasd
+    assert torch.equal(out.sequences, greedy(target, prompt, 24))
+    fallbacks = [r for r, abstained in enumerate(stats.abstained) if abstained == [0] and stats.arms[r] == 1]
+    assert fallbacks and all(stats.drafted[r] == 1 for r in fallbacks), (stats.arms, stats.drafted)
 
 
 def test_a_policy_named_per_call_does_not_take_the_pools_settings_for_another_policy(target, drafters):

@@ -7,6 +7,7 @@ loudly after writing its results.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -158,6 +159,10 @@ def check_drafter_dtype(drafter_dtype: str | None, models: str, pool: str | None
         )
 
 
+#: The ``--models qwen`` pool's priors, measured on dev prompts by `recipes/qwen_pool_priors.py` (package data).
+QWEN_POOL_FILE = Path(__file__).resolve().parents[1] / "data" / "qwen_pool.json"
+
+
 def load_pool(
     target: Any,
     models: str = "smollm2",
@@ -165,11 +170,13 @@ def load_pool(
     dtype: str = "float32",
     tokenizer: Any = None,
     drafter_dtype: str | None = None,
+    priors: bool = True,
 ) -> Any:
     """The embedded pool for SmolLM2 (or `pool`). For ``"qwen"``, a heterogeneous pool for Qwen2.5-Coder-1.5B:
     Qwen2.5-Coder-0.5B (same tokenizer: strong, costly), SmolLM2-135M-Instruct through `TokenizerBridgeDrafter`
     (another tokenizer: cheap), the target's first 4 layers (early exit) and prompt lookup; the two drafter models
-    in `drafter_dtype` (default: `dtype`, the target's)."""
+    in `drafter_dtype` (default: `dtype`, the target's). With `priors`, the qwen pool carries the priors in
+    `QWEN_POOL_FILE` (each arm's measured speed alone on dev prompts) when that file exists."""
     from .offline import load_embedded_pool
 
     check_drafter_dtype(drafter_dtype, models, pool)
@@ -187,7 +194,8 @@ def load_pool(
         EarlyExitDrafter(target, num_layers=4),
         PromptLookupDrafter(),
     ]
-    return DrafterPool(drafters, target=target, tokenizer=tokenizer)
+    measured = json.loads(QWEN_POOL_FILE.read_text())["priors"] if priors and QWEN_POOL_FILE.is_file() else None
+    return DrafterPool(drafters, target=target, tokenizer=tokenizer, priors=measured)
 
 
 def run_demo(
