@@ -138,3 +138,19 @@ def test_drafter_dtype_is_refused_for_pools_that_store_their_dtypes_before_loadi
         run_benchmark(drafter_dtype="bfloat16")
     with pytest.raises(ValueError, match=message + r" with models='qwen', pool='my-pool'\. "):
         run_demo("hi", models="qwen", pool="my-pool", drafter_dtype="bfloat16")
+
+
+def test_the_qwen_pool_priors_name_its_arms_and_follow_the_recipes_formula():
+    # `recipes/qwen_pool_priors.py`: prior = (speed alone over plain) / (N + 1), the no-draft arm 1 / (N + 1)
+    from hf_metasd.benchmark.run import QWEN_ARMS, QWEN_POOL_FILE
+    from hf_metasd.generation import DEFAULTS
+    from hf_metasd.pool.config import validate_priors
+
+    record = json.loads(QWEN_POOL_FILE.read_text())
+    priors, n = record["priors"], record["measured_on"]["num_assistant_tokens"]
+    assert set(priors) == {*QWEN_ARMS, "no_draft"}
+    validate_priors(priors, None, list(QWEN_ARMS), DEFAULTS["meta_policy"], DEFAULTS["meta_reward"])
+    assert priors["no_draft"] == pytest.approx(1 / (n + 1), abs=1e-4)
+    for arm in QWEN_ARMS:
+        speedup = record["seconds"]["plain"] / record["seconds"][arm]
+        assert priors[arm] == pytest.approx(min(1.0, speedup / (n + 1)), abs=1e-3)

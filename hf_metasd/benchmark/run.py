@@ -159,6 +159,8 @@ def check_drafter_dtype(drafter_dtype: str | None, models: str, pool: str | None
         )
 
 
+#: The ``--models qwen`` pool's arm names, in order.
+QWEN_ARMS = ("qwen2.5-coder-0.5b", "smollm2-135m", "early_exit_4", "prompt_lookup")
 #: The ``--models qwen`` pool's priors, measured on dev prompts by `recipes/qwen_pool_priors.py` (package data).
 QWEN_POOL_FILE = Path(__file__).resolve().parents[1] / "data" / "qwen_pool.json"
 
@@ -189,10 +191,10 @@ def load_pool(
     qwen, _ = load_qwen_coder("0.5b", getattr(torch, drafter_dtype or dtype))
     smol, smol_tokenizer = load_default_target(getattr(torch, drafter_dtype or dtype))
     drafters = [
-        ModelDrafter(qwen, name="qwen2.5-coder-0.5b"),
-        TokenizerBridgeDrafter(smol, smol_tokenizer, target_tokenizer=tokenizer, name="smollm2-135m"),
-        EarlyExitDrafter(target, num_layers=4),
-        PromptLookupDrafter(),
+        ModelDrafter(qwen, name=QWEN_ARMS[0]),
+        TokenizerBridgeDrafter(smol, smol_tokenizer, target_tokenizer=tokenizer, name=QWEN_ARMS[1]),
+        EarlyExitDrafter(target, num_layers=4, name=QWEN_ARMS[2]),
+        PromptLookupDrafter(name=QWEN_ARMS[3]),
     ]
     measured = json.loads(QWEN_POOL_FILE.read_text())["priors"] if priors and QWEN_POOL_FILE.is_file() else None
     return DrafterPool(drafters, target=target, tokenizer=tokenizer, priors=measured)
