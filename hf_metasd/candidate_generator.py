@@ -472,7 +472,8 @@ class MetaCandidateGenerator(CandidateGenerator):
             if fallback is None:
                 return None, None
             pending.arm = self._check_arm(fallback, "fallback")
-            # the length was chosen for the arm that abstained: the fallback drafts its own (`DraftLength.choose`)
+            # the length was chosen for the arm that abstained: the fallback drafts its own (`DraftLength.choose`),
+            # and replayed rounds score the other arms at it too (the length this round's verification pass checks)
             num_tokens = pending.num_tokens = self._draft_length(input_ids, pending.arm)
         return None, None
 

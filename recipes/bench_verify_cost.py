@@ -1,6 +1,7 @@
 """Cost of one target forward pass with a KV cache, by number of new tokens (the verification of N drafted tokens
 feeds N + 1): median of repeated runs after a prefill of `--context` tokens (64 by default; Spec-Bench's
-summarization and RAG prompts are 500-800 tokens long), SmolLM2-135M-Instruct, fp32, 2 threads.
+summarization and RAG prompts are 500-800 tokens long), SmolLM2-135M-Instruct (``--models qwen``: Qwen2.5-Coder-1.5B,
+the target of `hf-metasd bench --models qwen`), fp32, 2 threads.
 
 Two columns: transformers' own kernels, and the same pass under `hf_metasd.kernels.skinny_linear` (what
 `hf_metasd.generate` uses for the target's verification passes on CPU). On the 2-core CPU of the benchmark, MKL's
@@ -9,6 +10,7 @@ cost. The printed table is what `num_assistant_tokens` should be chosen from on 
 
     python recipes/bench_verify_cost.py
     python recipes/bench_verify_cost.py --context 64 700 --tokens 1 4   # does a long context change the ratio?
+    python recipes/bench_verify_cost.py --models qwen --tokens 1 2 3 4 --reps 6
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 import torch
 from transformers import DynamicCache
 
-from hf_metasd.benchmark.offline import load_default_target
+from hf_metasd.benchmark.run import load_models
 from hf_metasd.kernels import skinny_linear
 
 
@@ -44,9 +46,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--context", type=int, nargs="*", default=[64], help="prefill lengths to measure after")
+    parser.add_argument("--models", default="smollm2", choices=["smollm2", "qwen"], help="the target (as `hf-metasd`)")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    model, _ = load_default_target(getattr(torch, args.dtype))
+    model, _ = load_models(args.models, args.dtype, args.threads)
     print("context | new tokens | ms per forward | x one token | skinny_linear ms | x one token")
     for length in args.context:
         prompt = torch.randint(100, 1000, (1, length))

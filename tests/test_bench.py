@@ -48,6 +48,9 @@ def test_run_and_report(bench_setup, target, tmp_path):
     meta = [r for r in records if r.arms]
     assert meta and all(len(r.drafted) == len(r.accepted) == len(r.arms) for r in meta)
     assert all(a <= d for r in meta for a, d in zip(r.accepted, r.drafted))
+    # and what a verification pass by length cost as the draft-length choice saw it (a plain step among them)
+    assert all(r.verification_costs and all(s > 0 for s in r.verification_costs.values()) for r in meta)
+    assert all(not r.verification_costs for r in auto)
     summary = summarize(records, [d.name for d in pool])
     # the oracle is fixed[<task>]: for qa prompts the exact copy accepts everything
     oracle_qa = summary["oracle"]["qa"]

@@ -43,6 +43,8 @@ class BenchRecord:
     time_split: dict[str, float] = field(default_factory=dict)
     trace: list[dict] = field(default_factory=list)
     kernel: str | None = None
+    #: seconds of a verification pass by number of tokens, as the call's draft-length choice read them at its end
+    verification_costs: dict[int, float] = field(default_factory=dict)
 
 
 def _count_forwards(model: torch.nn.Module) -> tuple[list[int], Any]:
@@ -122,6 +124,7 @@ def run_bench(
                         time_split={k: getattr(stats, f"{k}_seconds") for k in TIME_PARTS} if stats else {},
                         trace=stats.to_trace() if stats is not None and stats.counterfactual_rewards else [],
                         kernel=stats.kernel if stats is not None else kernel,
+                        verification_costs=dict(stats.verification_costs) if stats is not None else {},
                     )
                 )
                 bar.update(1)
