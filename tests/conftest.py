@@ -3,12 +3,15 @@ criteria that record what they saw, and a fixture that fails any attempt to reac
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, StoppingCriteria
 
 import hf_metasd
 import hf_metasd.draft_length
+import hf_metasd.stats
 from hf_metasd import clear_reward_memory
 
 torch.set_num_threads(1)  # tiny models: one thread is faster and leaves the other core free
@@ -139,6 +142,24 @@ class FakeClock:
                 self.now += units
 
         return model.register_forward_pre_hook(hook, with_kwargs=True)
+
+    @contextmanager
+    def charging(self, *charges):
+        """`charge` each ``(model, units)`` pair for the ``with`` block; the hooks are removed on exit."""
+        handles = [self.charge(model, units) for model, units in charges]
+        try:
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+
+
+@pytest.fixture
+def fake_clock(monkeypatch) -> FakeClock:
+    """A `FakeClock` every MetaSD call of the test reads (`hf_metasd.stats.CLOCK`)."""
+    clock = FakeClock()
+    monkeypatch.setattr(hf_metasd.stats, "CLOCK", clock)
+    return clock
 
 
 class StopAfter(StoppingCriteria):

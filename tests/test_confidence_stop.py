@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import FakeClock, greedy, metasd_greedy, prompts, sharpen, tiny_llama
+from conftest import greedy, metasd_greedy, prompts, sharpen, tiny_llama
 
 import hf_metasd.costs
 import hf_metasd.stats
@@ -17,11 +17,9 @@ PROMPT = prompts(1, seed=7)[0]
 
 
 @pytest.fixture
-def clock(monkeypatch):
-    fake = FakeClock()
-    monkeypatch.setattr(hf_metasd.stats, "CLOCK", fake)
+def clock(fake_clock, monkeypatch):
     monkeypatch.setattr(hf_metasd.costs, "_CACHE", type(hf_metasd.costs._CACHE)())  # no costs from earlier tests
-    return fake
+    return fake_clock
 
 
 def _cumulative_probabilities(logits: torch.Tensor, tokens: torch.Tensor) -> list[float]:
@@ -75,8 +73,7 @@ def test_min_confidence_must_be_a_non_negative_float():
 
 
 def _run(target, pool, clock, charges, new_tokens=40, **kwargs):
-    handles = [clock.charge(model, units) for model, units in charges]
-    try:
+    with clock.charging(*charges):
         return metasd_greedy(
             target,
             PROMPT,
@@ -87,9 +84,6 @@ def _run(target, pool, clock, charges, new_tokens=40, **kwargs):
             return_dict_in_generate=True,
             **kwargs,
         )
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def test_the_threshold_is_the_measured_drafting_step_over_the_measured_plain_step(target, clock):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import FakeClock, greedy, metasd_greedy, prompts
+from conftest import greedy, metasd_greedy, prompts
 
 import hf_metasd.costs
 import hf_metasd.draft_length
@@ -129,18 +129,15 @@ def test_bad_settings_are_refused():
 # ---------------------------------------------------------------------- whole calls under a fake clock
 # (`FakeClock` charges the target by the tokens each pass is fed, a drafter a constant per forward)
 @pytest.fixture
-def clock(monkeypatch):
-    fake = FakeClock()
-    monkeypatch.setattr(hf_metasd.stats, "CLOCK", fake)
+def clock(fake_clock, monkeypatch):
     monkeypatch.setattr(hf_metasd.costs, "_CACHE", type(hf_metasd.costs._CACHE)())
     monkeypatch.setattr(hf_metasd.draft_length, "_CACHE", type(hf_metasd.draft_length._CACHE)())
-    return fake
+    return fake_clock
 
 
 def _call(target, drafter, clock, target_costs, **kwargs):
-    handles = [clock.charge(target, target_costs), clock.charge(drafter, 0.1)]
     start = clock.now
-    try:
+    with clock.charging((target, target_costs), (drafter, 0.1)):
         out = metasd_greedy(
             target,
             PROMPT,
@@ -153,9 +150,6 @@ def _call(target, drafter, clock, target_costs, **kwargs):
             return_dict_in_generate=True,
             **kwargs,
         )
-    finally:
-        for h in handles:
-            h.remove()
     return out, clock.now - start
 
 
@@ -191,8 +185,7 @@ def test_a_flat_verification_cost_keeps_the_cap(target, target_copy, clock):
 
 def test_sampling_with_measured_lengths_runs_and_respects_the_cap(target, target_copy, clock):
     torch.manual_seed(0)
-    handles = [clock.charge(target, STEEP), clock.charge(target_copy, 0.1)]
-    try:
+    with clock.charging((target, STEEP), (target_copy, 0.1)):
         out = target.generate(
             PROMPT,
             do_sample=True,
@@ -203,9 +196,6 @@ def test_sampling_with_measured_lengths_runs_and_respects_the_cap(target, target
             meta_skinny_gemm=False,
             return_dict_in_generate=True,
         )
-    finally:
-        for h in handles:
-            h.remove()
     assert out.sequences.shape[1] == PROMPT.shape[1] + 30 and max(out.metasd.drafted) <= 3
 
 

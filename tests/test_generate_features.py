@@ -7,11 +7,10 @@ import time
 
 import pytest
 import torch
-from conftest import VOCAB, FakeClock, StopAfter, StopOnToken, greedy, metasd_greedy, prompts, tiny_llama
+from conftest import VOCAB, StopAfter, StopOnToken, greedy, metasd_greedy, prompts, tiny_llama
 from transformers import GenerationConfig, StoppingCriteriaList
 
 import hf_metasd
-import hf_metasd.stats
 from hf_metasd import MetaSDConfigError
 from hf_metasd.drafters import PromptLookupDrafter
 from hf_metasd.policies.fixed import FixedPolicy
@@ -278,14 +277,11 @@ def test_a_call_gives_the_peft_model_its_active_adapter_back(target):
     [{}, {"meta_reward": "bd"}, {"meta_full_information": True, "meta_reward": "bd"}, {"meta_warm_start": 4}],
     ids=["default", "bd", "full-information", "warm-start"],
 )
-def test_the_time_parts_add_up_to_the_wall_time(target, drafters, target_copy, kwargs, monkeypatch):
+def test_the_time_parts_add_up_to_the_wall_time(target, drafters, target_copy, kwargs, fake_clock):
     # time advances only while a model runs (the target 10 units a pass, a drafter 1): the timed parts add up to the
     # wall time exactly iff they cover every forward once, whatever the feature (warm start, full information, ...)
-    clock = FakeClock()
-    monkeypatch.setattr(hf_metasd.stats, "CLOCK", clock)
     pool = [*drafters, target_copy]
-    handles = [clock.charge(target, 10.0)] + [clock.charge(d, 1.0) for d in pool]
-    try:
+    with fake_clock.charging((target, 10.0), *((d, 1.0) for d in pool)):
         out = metasd_greedy(
             target,
             PROMPTS[2],
@@ -295,9 +291,6 @@ def test_the_time_parts_add_up_to_the_wall_time(target, drafters, target_copy, k
             meta_skinny_gemm=False,
             **kwargs,
         )
-    finally:
-        for h in handles:
-            h.remove()
     stats = out.metasd
     assert stats.wall_seconds > 0 and stats.verify_seconds > 0
     assert stats.total_seconds == pytest.approx(stats.wall_seconds) and stats.other_seconds == pytest.approx(0.0)

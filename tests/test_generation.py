@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import VOCAB, FakeClock, greedy, metasd_greedy, prompts
+from conftest import VOCAB, greedy, metasd_greedy, prompts
 from transformers.generation.utils import GenerationMixin
 
 import hf_metasd
-import hf_metasd.stats
 from hf_metasd.policies import POLICY_REGISTRY, get_policy
 
 MAX_NEW = 12
@@ -134,13 +133,10 @@ def test_telemetry_adds_up(target, pools):
     assert "rounds" in stats.summary() and stats.to_dict()["pulls"] == stats.pulls
 
 
-def test_every_model_forward_is_inside_a_timed_part(target, pools, monkeypatch):
+def test_every_model_forward_is_inside_a_timed_part(target, pools, fake_clock):
     # time advances only while a model runs: if the timed parts cover every forward of the target and the drafters
     # (and never time one twice), they add up to the wall time exactly
-    clock = FakeClock()
-    monkeypatch.setattr(hf_metasd.stats, "CLOCK", clock)
-    handles = [clock.charge(target, 10.0)] + [clock.charge(d, 1.0) for d in pools[2]]
-    try:
+    with fake_clock.charging((target, 10.0), *((d, 1.0) for d in pools[2])):
         out = metasd_greedy(
             target,
             PROMPTS[2],
@@ -151,9 +147,6 @@ def test_every_model_forward_is_inside_a_timed_part(target, pools, monkeypatch):
             meta_policy="ucb",
             meta_skinny_gemm=False,
         )
-    finally:
-        for h in handles:
-            h.remove()
     stats = out.metasd
     assert stats.wall_seconds > 0 and stats.verify_seconds > 0 and stats.draft_seconds > 0
     assert stats.total_seconds == pytest.approx(stats.wall_seconds) and stats.other_seconds == pytest.approx(0.0)

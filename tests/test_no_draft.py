@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import FakeClock, greedy, metasd_greedy, prompts, sharpen, tiny_llama
+from conftest import greedy, metasd_greedy, prompts, sharpen, tiny_llama
 
 import hf_metasd.costs
 import hf_metasd.stats
@@ -15,17 +15,9 @@ from hf_metasd.costs import CostModel
 PROMPT = prompts(1, seed=5)[0]
 
 
-@pytest.fixture
-def clock(monkeypatch):
-    fake = FakeClock()
-    monkeypatch.setattr(hf_metasd.stats, "CLOCK", fake)
-    return fake
-
-
-def _run(target, pool, clock, costs, new_tokens=60, **kwargs):
-    handles = [clock.charge(model, units) for model, units in costs]
-    try:
-        out = metasd_greedy(
+def _run(target, pool, fake_clock, costs, new_tokens=60, **kwargs):
+    with fake_clock.charging(*costs):
+        return metasd_greedy(
             target,
             PROMPT,
             new_tokens,
@@ -34,10 +26,6 @@ def _run(target, pool, clock, costs, new_tokens=60, **kwargs):
             return_dict_in_generate=True,
             **kwargs,
         )
-    finally:
-        for h in handles:
-            h.remove()
-    return out
 
 
 @pytest.fixture
@@ -47,14 +35,14 @@ def fresh_costs(monkeypatch):
 
 
 @pytest.mark.parametrize("draft_length", ["measured", "fixed"])
-def test_a_pool_of_useless_drafters_converges_to_plain_decoding(target, clock, fresh_costs, draft_length):
+def test_a_pool_of_useless_drafters_converges_to_plain_decoding(target, fake_clock, fresh_costs, draft_length):
     useless = [sharpen(tiny_llama(s, layers=1)) for s in (21, 22, 23)]
     # a target step costs 10, a drafter step 4: drafting 3 tokens that are always rejected costs 22 per token (1 token,
     # the length a measured call settles on for drafters that are never accepted: 14)
     out = _run(
         target,
         useless,
-        clock,
+        fake_clock,
         [(target, 10.0)] + [(d, 4.0) for d in useless],
         new_tokens=200,
         meta_policy="ucb",
@@ -71,24 +59,24 @@ def test_a_pool_of_useless_drafters_converges_to_plain_decoding(target, clock, f
         stats.pulls
     )
     # in fake time, within 5 % of decoding 200 tokens alone (10 per token)
-    assert clock.now <= 200 * 10.0 / 0.95
+    assert fake_clock.now <= 200 * 10.0 / 0.95
 
 
-def test_a_drafter_that_pays_wins_over_the_no_draft_arm(target, target_copy, clock, fresh_costs):
+def test_a_drafter_that_pays_wins_over_the_no_draft_arm(target, target_copy, fake_clock, fresh_costs):
     useless = sharpen(tiny_llama(24, layers=1))
-    out = _run(target, [useless, target_copy], clock, [(target, 10.0), (useless, 1.0), (target_copy, 1.0)])
+    out = _run(target, [useless, target_copy], fake_clock, [(target, 10.0), (useless, 1.0), (target_copy, 1.0)])
     stats = out.metasd
     assert torch.equal(out.sequences, greedy(target, PROMPT, 60))
     assert stats.pulls[1] > stats.pulls[0] and stats.pulls[1] > stats.pulls[2], stats.pulls
-    assert clock.now < 0.6 * 60 * 10.0  # the exact copy makes it far faster than the target alone
+    assert fake_clock.now < 0.6 * 60 * 10.0  # the exact copy makes it far faster than the target alone
 
 
-def test_speed_rewards_are_exact_under_the_fake_clock(target, target_copy, clock, fresh_costs):
+def test_speed_rewards_are_exact_under_the_fake_clock(target, target_copy, fake_clock, fresh_costs):
     fixed_length = {"meta_draft_length": "fixed"}  # measured lengths would mix rounds of other lengths into the costs
     out = _run(
         target,
         [target_copy],
-        clock,
+        fake_clock,
         [(target, 10.0), (target_copy, 2.0)],
         new_tokens=20,
         meta_policy="fixed",
@@ -96,7 +84,7 @@ def test_speed_rewards_are_exact_under_the_fake_clock(target, target_copy, clock
     )
     # fixed ignores rewards and never asks for the calibration round: the plain-step cost stays unknown
     assert all(r is None for r in out.metasd.rewards) and out.metasd.drafter_names[1] not in out.metasd.arms
-    out = _run(target, [target_copy], clock, [(target, 10.0), (target_copy, 2.0)], new_tokens=40, **fixed_length)
+    out = _run(target, [target_copy], fake_clock, [(target, 10.0), (target_copy, 2.0)], new_tokens=40, **fixed_length)
     stats = out.metasd
     # a copy round: catch-up 1 forward + 2 drafting forwards (2 each) + verify 10 = 16 units for 4 tokens; plain: 10
     copy_rounds = [r for r, (a, d) in enumerate(zip(stats.arms, stats.drafted)) if a == 0 and d == 3]
