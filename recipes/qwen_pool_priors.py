@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,17 +40,9 @@ from generate_task_outputs import task_split  # noqa: E402
 from train_drafters import TASKS  # noqa: E402
 
 import hf_metasd  # noqa: E402
+from hf_metasd.benchmark.report import machine  # noqa: E402
 from hf_metasd.benchmark.run import QWEN_POOL_FILE, load_models, load_pool  # noqa: E402
 from hf_metasd.candidate_generator import NO_DRAFT  # noqa: E402
-
-
-def commit() -> str | None:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def main() -> None:
@@ -107,6 +97,7 @@ def main() -> None:
     n = args.num_assistant_tokens
     priors = {name: round(min(1.0, seconds["plain"] / seconds[name] / (n + 1)), 4) for name in names}
     priors[NO_DRAFT] = round(1.0 / (n + 1), 4)
+    info = machine()  # the commit, processor, torch threads and version, as the bench records them
     record = {
         "priors": priors,
         "speedup_alone": {name: round(seconds["plain"] / seconds[name], 3) for name in names},
@@ -116,8 +107,8 @@ def main() -> None:
             "max_new_tokens": args.max_new_tokens,
             "num_assistant_tokens": n,
             "drafter_dtype": args.drafter_dtype,
-            "commit": commit(),
-            "machine": f"{platform.processor() or platform.machine()}, {args.threads} threads, torch {torch.__version__}",
+            "commit": info["commit"],
+            "machine": f"{info['processor']}, {info['torch_threads']} threads, torch {info['torch']}",
             "command": "python recipes/qwen_pool_priors.py " + " ".join(sys.argv[1:]),
         },
     }
