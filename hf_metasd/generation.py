@@ -67,6 +67,7 @@ DEFAULTS: dict[str, Any] = {
     "meta_learned_priors": True,
     "meta_draft_length": "measured",
     "meta_match_routing": False,
+    "meta_prefill_gate": True,
 }
 #: Every setting a MetaSD call reads, by name.
 SETTINGS = tuple(DEFAULTS)
@@ -143,7 +144,13 @@ def resolve_settings(
 
 
 def _check_settings(settings: dict[str, Any]) -> None:
-    for key in ("meta_full_information", "meta_confidence_stop", "meta_learned_priors", "meta_match_routing"):
+    for key in (
+        "meta_full_information",
+        "meta_confidence_stop",
+        "meta_learned_priors",
+        "meta_match_routing",
+        "meta_prefill_gate",
+    ):
         if not isinstance(settings[key], bool):
             raise MetaSDConfigError(f"`{key}` must be True or False, but is {settings[key]!r}. Pass a bool.")
     for key in ("meta_skinny_gemm", "meta_no_draft", "meta_replay"):
@@ -262,6 +269,7 @@ def build_candidate_generator(
         learned_priors=settings["meta_learned_priors"],
         draft_length=settings["meta_draft_length"],
         match_routing=settings["meta_match_routing"],
+        prefill_gate=settings["meta_prefill_gate"],
         target=model,
     )
     names = generator.stats.drafter_names
@@ -384,6 +392,7 @@ def generate(
     meta_learned_priors: bool | None = None,
     meta_draft_length: str | None = None,
     meta_match_routing: bool | None = None,
+    meta_prefill_gate: bool | None = None,
     metasd_streamer: Any = None,
     **model_kwargs: Any,
 ) -> Any:
@@ -434,6 +443,9 @@ def generate(
         meta_match_routing: when the policy picks a corpus drafter, the round goes to the corpus drafter whose
             proposal continues the longest match of the context (`MetaCandidateGenerator`, "Match routing").
             Default False: with the embedded pool it changed nothing measurable on dev prompts.
+        meta_prefill_gate: under the `speed` reward, skip a drafter whose prompt prefill (predicted from its
+            earlier prefills in this process) would cost more than it can save over the rest of the call
+            (`MetaCandidateGenerator`, "Prefill gate"). Default True.
         metasd_streamer: another way to pass a streamer (kept for compatibility; ``streamer=`` works).
 
     Returns:
@@ -461,6 +473,7 @@ def generate(
         "meta_learned_priors": meta_learned_priors,
         "meta_draft_length": meta_draft_length,
         "meta_match_routing": meta_match_routing,
+        "meta_prefill_gate": meta_prefill_gate,
     }
     _check_meta_keys(model_kwargs, "`generate`'s keyword arguments")
     caller = _caller_locals()

@@ -44,8 +44,9 @@ class MetaSDStats:
     round the target decodes alone), ``drafted[r]`` the tokens it drafted, ``accepted[r]`` the drafted tokens kept
     (accepted by the target and before any stopping criterion fired), ``new_tokens[r]`` the tokens the round added to
     the output, ``rewards[r]`` the reward given to the policy (``None``: the policy was not updated for this round),
-    ``abstained[r]`` the arms the policy chose first that had nothing to propose (not pulls: the round went to the
-    policy's `fallback`), ``routed_from[r]`` the arm the policy picked when match routing gave the round to another
+    ``abstained[r]`` the arms the policy chose first that had nothing to propose or whose prompt prefill the prefill
+    gate skipped (not pulls: the round went to the policy's `fallback`; `prefill_skips` counts the skipped prefills),
+    ``routed_from[r]`` the arm the policy picked when match routing gave the round to another
     (``None``: it did not; see `MetaCandidateGenerator`), ``min_confidence[r]`` the confidence stop the drafter drafted under (``None``: none; see
     `MetaCandidateGenerator`).
 
@@ -81,6 +82,7 @@ class MetaSDStats:
     routed_from: list[int | None] = field(default_factory=list)
     kernels: list[str | None] = field(default_factory=list)
     min_confidence: list[float | None] = field(default_factory=list)
+    prefill_skips: int = 0
     draft_seconds: float = 0.0
     prefill_seconds: float = 0.0
     catch_up_seconds: float = 0.0

@@ -108,6 +108,31 @@ def test_full_information_traces_are_saved_and_replay(bench_setup, target, tmp_p
     assert replay("ucb", trace).rounds == len(trace)
 
 
+def test_every_method_warms_up_once_untimed_in_a_memory_scope_the_timed_calls_never_read(bench_setup, target):
+    from dataclasses import replace
+
+    from hf_metasd.reward_memory import current_scope
+
+    pool, prompts, encode = bench_setup
+    seen: list[tuple] = []
+
+    def spy(method):
+        def kwargs(prompt):
+            seen.append((method.name, prompt.id, current_scope()))
+            return method.kwargs(prompt)
+
+        return replace(method, kwargs=kwargs)
+
+    methods = [spy(m) for m in build_methods(pool) if m.name in ("autoregressive", "metasd")]
+    records = run_bench(target, None, prompts[:2], methods, max_new_tokens=6, progress=False, encode=encode)
+    assert seen[:2] == [(name, prompts[0].id, ("warm-up", name)) for name in ("autoregressive", "metasd")]
+    assert seen[2:] == [(name, p.id, name) for p in prompts[:2] for name in ("autoregressive", "metasd")]
+    assert len(records) == 4 and all(r.identical and r.new_tokens == 6 for r in records)
+    seen.clear()
+    run_bench(target, None, prompts[:1], methods, max_new_tokens=6, progress=False, encode=encode, warm_up_tokens=0)
+    assert [scope for *_, scope in seen] == ["autoregressive", "metasd"]
+
+
 def test_sub_pool_methods_draft_only_with_their_drafters(bench_setup, target):
     pool, prompts, encode = bench_setup
     methods = [m for m in build_methods(pool, sub_pools=[["rag"]]) if m.name in ("autoregressive", "metasd[rag]")]

@@ -75,11 +75,16 @@ def run_bench(
     progress: bool = True,
     encode: Callable[[Any, str], torch.Tensor] | None = None,
     verify_rows: int | None = None,
+    warm_up_tokens: int = 8,
 ) -> list[BenchRecord]:
     """Run every method on every prompt (interleaved), greedy; return one record per (method, prompt).
 
-    `verify_rows` (draft length + 1) is the verification shape transformers' assisted generation is given MetaSD's
-    kernel choice for.
+    Before any timing, every method generates `warm_up_tokens` tokens once on the first prompt, untimed and in a
+    reward-memory scope of its own that the timed calls never read (0: no warm-up). So no row pays the process's
+    one-time costs (lazy kernel set-up, a drafter's first forward, a bfloat16 drafter's prefill-dtype measurement)
+    for the methods after it: without it the first MetaSD row of a run paid them all (7.4 s of a 26 s call on the
+    qwen pool's first prompt). `verify_rows` (draft length + 1) is the verification shape transformers' assisted
+    generation is given MetaSD's kernel choice for.
     """
     from tqdm.auto import tqdm
 
@@ -91,6 +96,13 @@ def run_bench(
     if tokenizer is not None and tokenizer.pad_token_id is not None:
         common["pad_token_id"] = tokenizer.pad_token_id
     try:
+        if warm_up_tokens and prompts:
+            ids = encode(tokenizer, prompts[0].text)
+            warm = {**common, "max_new_tokens": warm_up_tokens, "min_new_tokens": warm_up_tokens}
+            for method in tqdm(methods, desc="warm-up", disable=not progress):
+                kernels, _ = _kernel_context(target, method, verify_rows)
+                with kernels, reward_memory_scope(("warm-up", method.name)):
+                    target.generate(ids, **warm, **method.kwargs(prompts[0]))
         bar = tqdm(total=len(prompts) * len(methods), desc="bench", disable=not progress)
         for prompt in prompts:
             ids = encode(tokenizer, prompt.text)
