@@ -43,8 +43,8 @@ once) and which on a long prompt costs more than many rounds. When the policy pi
 sequence yet, its prefill is predicted from its earlier ones (`hf_metasd.costs.PrefillCosts`) and compared with
 what the arm can save over the tokens the length budget leaves, at its mean reward against the best arm that needs
 no prefill (`_prefill_outweighs_gain`); if the prefill costs more than that and more than a plain step, the arm is skipped like an abstaining one (not a
-pull; the round goes to `Policy.fallback`) and `MetaSDStats.prefill_skips` counts it. Before the first measured
-prefill of an arm, or without a reward or prior for it, nothing is skipped.
+pull; the round goes to `Policy.fallback`) and `MetaSDStats.prefill_skips` counts it. Before two measured
+prefills of an arm (`hf_metasd.costs.MIN_PREFILLS`), or without a reward or prior for it, nothing is skipped.
 
 **Confidence stop** (``confidence_stop``, off by default; needs the no-draft arm): a model drafter
 (`Drafter.stops_on_confidence`) stops drafting after token :math:`k` once the product of its drafted tokens'
@@ -509,6 +509,7 @@ class MetaCandidateGenerator(CandidateGenerator):
         # Anything else (rounds missed while other arms ran) is the cost of switching: catch-up.
         arm, drafter = pending.arm, self.drafters[pending.arm]
         part = "draft" if self._last_arm == arm else ("catch_up" if arm in self._seen else "prefill")
+        setup = drafter.setup_seconds
         start = self.clock()
         with self.stats.timed(part):
             if warm and drafter.returns_logits:
@@ -521,7 +522,10 @@ class MetaCandidateGenerator(CandidateGenerator):
         if part == "prefill":
             seconds = self.clock() - start
             pending.prefill_seconds += seconds
-            self.prefills.observe(arm, seconds=seconds, tokens=int(input_ids.shape[1]))
+            # one-time set-up inside the catch-up (`Drafter.setup_seconds`) is not what the next prefill costs
+            self.prefills.observe(
+                arm, seconds=seconds - (drafter.setup_seconds - setup), tokens=int(input_ids.shape[1])
+            )
         self._seen.add(arm)
 
     def _prefill_outweighs_gain(self, arm: int, input_ids: torch.LongTensor) -> bool:
@@ -538,7 +542,7 @@ class MetaCandidateGenerator(CandidateGenerator):
         and the arm is skipped when :math:`\hat P_a(L) > \max(G, \hat c_{plain})`. A prefill that costs at most one
         plain step is left to the policy (it costs less than the round that explores the arm; on short prompts a
         gate without this bound kept the policy from exploring, 1.51x against 1.55x plain on dev prompts). Nothing is
-        skipped before the quantities are measured (the arm's first prefill, a plain step's cost, any reward or
+        skipped before the quantities are measured (the arm's prefills, a plain step's cost, any reward or
         prior of the arm) or without a length budget.
         """
         if not self.prefill_gate or self.max_length is None:

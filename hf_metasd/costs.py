@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -31,7 +32,7 @@ import torch
 
 from ._validation import check_real
 
-__all__ = ["CostModel", "PrefillCosts", "target_cache"]
+__all__ = ["MIN_PREFILLS", "CostModel", "PrefillCosts", "target_cache"]
 
 #: target -> {(arm key, threads): smoothed seconds}: what earlier calls measured.
 _CACHE: weakref.WeakKeyDictionary[Any, dict[tuple[Hashable, int], float]] = weakref.WeakKeyDictionary()
@@ -79,8 +80,11 @@ class CostModel:
         return self._seconds[arm]
 
 
-#: target -> {(arm key, threads): [prefill seconds, prompt tokens]}: what earlier calls' prompt prefills cost.
+#: target -> {(arm key, threads): [fastest measured prefill seconds per prompt token, prefills measured]}
 _PREFILL_CACHE: weakref.WeakKeyDictionary[Any, dict[tuple[Hashable, int], list[float]]] = weakref.WeakKeyDictionary()
+
+#: Measured prefills of an arm before `PrefillCosts.estimate` predicts (the first one in a process is cold).
+MIN_PREFILLS = 2
 
 
 class PrefillCosts:
@@ -88,37 +92,45 @@ class PrefillCosts:
     next one.
 
     A model drafter has to read the whole context before its first draft of a call; on a long prompt that costs more
-    than many rounds (on the 2-core CPU, 4.8 s for the 0.5B Qwen drafter on a 1,500-token article, about five plain
+    than many rounds (on the 2-core CPU, 4.8 s for the 0.5B Qwen drafter on a summarization prompt, about five plain
     steps of the 1.5B target). The prediction for a prefill of :math:`T` tokens is
 
-    .. math:: \hat P_a(T) = T \cdot \frac{\sum_j s_j}{\sum_j T_j}
+    .. math:: \hat P_a(T) = T \cdot \min_j \frac{s_j}{T_j}
 
-    over the arm's measured prefills :math:`(T_j, s_j)` (so long prefills weigh most). Like `CostModel`, the sums
-    persist across calls per (target, arm key, thread count); ``None`` before the arm's first measured prefill.
+    over the arm's measured prefills :math:`(T_j, s_j)` (the caller leaves out the set-up a drafter reports,
+    `Drafter.setup_seconds`), once there are `MIN_PREFILLS` of them: the fastest rate, and not the first prefill
+    alone, because a drafter's first prefill in a process also pays one-time costs no stopwatch separates (weights
+    paged in, lazy kernels) that must not be charged to every later prompt; an underestimate only makes the prefill
+    gate skip less. Like `CostModel`, what is measured persists across calls per (target, arm key, thread count).
 
     Example:
         >>> prefills = PrefillCosts(["d0", "d1"])
-        >>> prefills.observe(0, seconds=0.5, tokens=100); prefills.observe(0, seconds=2.5, tokens=500)
+        >>> prefills.observe(0, seconds=7.5, tokens=100)   # the first one, cold
+        >>> prefills.estimate(0, tokens=1000) is None
+        True
+        >>> prefills.observe(0, seconds=2.5, tokens=500)   # 5 ms per token
         >>> prefills.estimate(0, tokens=1000), prefills.estimate(1, tokens=1000)
         (5.0, None)
     """
 
     def __init__(self, keys: Sequence[Hashable], *, target: Any = None) -> None:
         self.keys = list(keys)
-        self._threads = torch.get_num_threads()
+        threads = torch.get_num_threads()
         cache = target_cache(_PREFILL_CACHE, target)
-        self._sums: list[list[float]] = []
+        self._state: list[list[float]] = []
         for key in self.keys:
-            sums = [0.0, 0.0] if cache is None else cache.setdefault((key, self._threads), [0.0, 0.0])
-            self._sums.append(sums)  # shared with the cache: updated in place
+            state = [math.inf, 0] if cache is None else cache.setdefault((key, threads), [math.inf, 0])
+            self._state.append(state)  # shared with the cache: updated in place
 
     def observe(self, arm: int, *, seconds: float, tokens: int) -> None:
-        """Fold one measured prefill of `tokens` prompt tokens taking `seconds` into `arm`'s sums."""
-        if tokens > 0 and seconds >= 0:
-            self._sums[arm][0] += seconds
-            self._sums[arm][1] += tokens
+        """Fold one measured prefill of `tokens` prompt tokens taking `seconds` into `arm`'s rate."""
+        if tokens <= 0 or seconds < 0:
+            return
+        state = self._state[arm]
+        state[0] = min(state[0], seconds / tokens)
+        state[1] += 1
 
     def estimate(self, arm: int, *, tokens: int) -> float | None:
-        """Predicted seconds of `arm`'s prefill of `tokens` tokens, or ``None`` before its first measured one."""
-        seconds, counted = self._sums[arm]
-        return None if counted == 0 else tokens * seconds / counted
+        """Predicted seconds of `arm`'s prefill of `tokens` tokens; ``None`` before `MIN_PREFILLS` measured ones."""
+        rate, count = self._state[arm]
+        return None if count < MIN_PREFILLS else tokens * rate

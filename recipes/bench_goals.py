@@ -24,6 +24,12 @@ ratio below 1 whose pass ratio is at least 1 is lost on the cost of a pass, not 
     python recipes/bench_goals.py bench_results/mixed8/results.json
     python recipes/bench_goals.py bench_results/mixed8/results.json --diagnose
     python recipes/bench_goals.py bench_results/mixed8/results.json --method "metasd (fixed draft length)"
+    python recipes/bench_goals.py bench_results/qwen6/results.json --arms
+
+``--arms`` adds each arm drafting alone (its ``fixed[...]`` records): accepted tokens per round, drafted tokens per
+round, the share of drafted tokens accepted, the cost ratio :math:`c` (drafting seconds per drafted token over the
+seconds of a plain step, autoregressive seconds per target pass) and its prompt prefill per call; and how many rounds
+`method` gave each arm.
 """
 
 from __future__ import annotations
@@ -136,6 +142,37 @@ def diagnose(results: dict, method: str = "metasd") -> dict:
     return out
 
 
+def arms(results: dict, method: str = "metasd") -> dict:
+    """Each arm drafting alone, from its ``fixed[...]`` records, and `method`'s rounds per arm (``--arms`` above).
+
+    Returns ``{"plain_step": seconds, "alone": {name: {"accepted", "drafted", "acceptance", "c", "prefill"}},
+    "rounds": {arm index: rounds}}``.
+    """
+    records = results["records"]
+    auto = [r for r in records if r["method"] == "autoregressive"]
+    plain_step = sum(r["seconds"] for r in auto) / sum(r["target_forwards"] for r in auto)
+    alone = {}
+    for name in sorted({r["method"] for r in records if r["method"].startswith("fixed[")}):
+        rs = [r for r in records if r["method"] == name]
+        rounds = sum(len(r.get("drafted") or []) for r in rs)
+        drafted = sum(sum(r.get("drafted") or []) for r in rs)
+        accepted = sum(sum(r.get("accepted") or []) for r in rs)
+        draft = sum((r.get("time_split") or {}).get("draft", 0.0) for r in rs)
+        alone[name] = {
+            "accepted": accepted / rounds if rounds else 0.0,
+            "drafted": drafted / rounds if rounds else 0.0,
+            "acceptance": accepted / drafted if drafted else 0.0,
+            "c": draft / drafted / plain_step if drafted else None,
+            "prefill": sum((r.get("time_split") or {}).get("prefill", 0.0) for r in rs) / len(rs),
+        }
+    pulls: dict[int, int] = defaultdict(int)
+    for r in records:
+        if r["method"] == method:
+            for arm in r.get("arms") or []:
+                pulls[arm] += 1
+    return {"plain_step": plain_step, "alone": alone, "rounds": dict(sorted(pulls.items()))}
+
+
 def _print_diagnosis(d: dict, method: str) -> None:
     def ms(v: dict) -> str:
         verified = "  -  " if v["verified"] is None else f"{v['verified']:.2f}"
@@ -158,6 +195,7 @@ def main(argv=None) -> None:
     p.add_argument("results", type=Path, help="a bench run's results.json")
     p.add_argument("--method", default="metasd")
     p.add_argument("--diagnose", action="store_true", help="split each ratio into fewer and cheaper passes")
+    p.add_argument("--arms", action="store_true", help="each arm drafting alone, and the method's rounds per arm")
     args = p.parse_args(argv)
     results = json.loads(args.results.read_text())
     g = goals(results, args.method)
@@ -175,6 +213,16 @@ def main(argv=None) -> None:
     print("  share of wall time (%): " + ", ".join(f"{k} {v:.2f}" for k, v in g["overhead_percent"].items()))
     if args.diagnose and g["best_fixed"]:
         _print_diagnosis(diagnose(results, args.method), args.method)
+    if args.arms:
+        a = arms(results, args.method)
+        print(f"\neach arm alone (plain step {1000 * a['plain_step']:.0f} ms):")
+        for name, v in a["alone"].items():
+            c = "-" if v["c"] is None else f"{v['c']:.3f}"
+            print(
+                f"  {name:<30} accepted/round {v['accepted']:.2f}, drafted/round {v['drafted']:.2f}, "
+                f"accepted {100 * v['acceptance']:.0f} %, c = {c}, prefill {v['prefill']:.2f} s per call"
+            )
+        print(f"  {args.method} rounds per arm: {a['rounds']}")
 
 
 if __name__ == "__main__":

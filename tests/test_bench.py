@@ -133,6 +133,19 @@ def test_every_method_warms_up_once_untimed_in_a_memory_scope_the_timed_calls_ne
     assert [scope for *_, scope in seen] == ["autoregressive", "metasd"]
 
 
+def test_bench_records_keep_the_prefill_gates_skips(bench_setup, target, monkeypatch):
+    from hf_metasd.costs import PrefillCosts
+
+    pool, prompts, encode = bench_setup
+    monkeypatch.setattr(PrefillCosts, "estimate", lambda self, arm, tokens: 86400.0)  # every prefill: a day
+    methods = [m for m in build_methods(pool) if m.name in ("autoregressive", "metasd")]
+    records = run_bench(target, None, prompts[:2], methods, max_new_tokens=6, progress=False, encode=encode)
+    meta = [r for r in records if r.method == "metasd"]
+    assert all(r.identical for r in records) and all(r.prefill_skips == 0 for r in records if r.method != "metasd")
+    # the first timed call learns the arms' rewards (learned priors); the second then skips model drafters
+    assert meta[1].prefill_skips > 0
+
+
 def test_sub_pool_methods_draft_only_with_their_drafters(bench_setup, target):
     pool, prompts, encode = bench_setup
     methods = [m for m in build_methods(pool, sub_pools=[["rag"]]) if m.name in ("autoregressive", "metasd[rag]")]

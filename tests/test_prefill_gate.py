@@ -10,24 +10,46 @@ from transformers import GenerationConfig
 import hf_metasd
 from hf_metasd import MetaSDConfigError
 from hf_metasd.candidate_generator import MetaCandidateGenerator
-from hf_metasd.costs import PrefillCosts
+from hf_metasd.costs import MIN_PREFILLS, PrefillCosts
 from hf_metasd.drafters import ModelDrafter, PromptLookupDrafter
 from hf_metasd.policies import get_policy
 
 PROMPT = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
 
 
-def test_prefill_costs_predict_by_the_token_weighted_rate_and_persist_per_target():
+def test_prefill_costs_predict_by_the_fastest_rate_once_two_are_measured_and_persist_per_target():
     owner = torch.nn.Linear(1, 1)
     first = PrefillCosts(["big", "small"], target=owner)
-    assert first.estimate(0, tokens=100) is None
-    first.observe(0, seconds=1.0, tokens=100)
-    first.observe(0, seconds=5.0, tokens=300)  # 6 s over 400 tokens: 15 ms per token
+    first.observe(0, seconds=7.0, tokens=100)  # a first prefill, cold: 70 ms per token
+    assert MIN_PREFILLS == 2 and first.estimate(0, tokens=100) is None  # one measured prefill is not enough
+    first.observe(0, seconds=4.5, tokens=300)  # 15 ms per token: the fastest so far
+    first.observe(0, seconds=8.0, tokens=400)  # 20 ms per token: slower, ignored
     first.observe(1, seconds=1.0, tokens=0)  # nothing ingested: ignored
     assert first.estimate(0, tokens=1000) == pytest.approx(15.0)
     assert first.estimate(1, tokens=1000) is None
     assert PrefillCosts(["big", "small"], target=owner).estimate(0, tokens=200) == pytest.approx(3.0)  # a later call
     assert PrefillCosts(["big", "small"], target=torch.nn.Linear(1, 1)).estimate(0, tokens=200) is None
+
+
+def test_a_drafters_one_time_set_up_is_left_out_of_its_measured_prefill(target_copy):
+    clock = [0.0]
+
+    class SetsUpOnce(ModelDrafter):
+        def catch_up(self, input_ids, **kwargs):
+            clock[0] += 1.0  # the catch-up takes 1 s, of which 0.75 s is set-up
+            self.setup_seconds += 0.75
+            return super().catch_up(input_ids, **kwargs)
+
+    gen = MetaCandidateGenerator(
+        [SetsUpOnce(target_copy, name="big")],
+        get_policy("fixed", arm=0),
+        num_assistant_tokens=2,
+        generation_config=GenerationConfig(max_length=40),
+        clock=lambda: clock[0],
+    )
+    gen.get_candidates(PROMPT)
+    gen.prefills.observe(0, seconds=1.0, tokens=8)  # a second, slower prefill: 125 ms per token
+    assert gen.prefills.estimate(0, tokens=8) == pytest.approx(0.25)  # 0.25 s over 8 tokens, the set-up left out
 
 
 def _generator(target_copy, *, max_length=40, prefill_gate=True, policy="epsilon_greedy", reward="speed"):
@@ -49,26 +71,29 @@ def test_the_gate_compares_the_predicted_prefill_with_the_hand_computed_gain(tar
     gen.policy.set_prior([0.5, 0.3, 0.25], weight=2)  # big, lookup, no_draft
     gen.costs.observe(gen.no_draft_arm, 0.1)  # a plain step: 0.1 s
     gen._seen.add(1)  # the lookup arm already drafted in this call
-    gen.prefills.observe(0, seconds=seconds, tokens=8)  # predicted prefill of the 8-token prompt: `seconds`
+    for _ in range(MIN_PREFILLS):
+        gen.prefills.observe(0, seconds=seconds, tokens=8)  # predicted prefill of the 8-token prompt: `seconds`
     # G = R * c_plain / (N + 1) * (1 / mu_b - 1 / mu_a) = 32 * 0.1 / 4 * (1 / 0.3 - 1 / 0.5) = 1.0667 s
     assert gen._prefill_outweighs_gain(0, PROMPT) is skipped
 
 
-def test_a_prefill_no_dearer_than_a_plain_step_is_left_to_the_policy(target_copy):
+@pytest.mark.parametrize("seconds, skipped", [(0.1, False), (0.15, True)])
+def test_a_prefill_no_dearer_than_a_plain_step_is_left_to_the_policy(target_copy, seconds, skipped):
     gen = _generator(target_copy)
     gen.policy.set_prior([0.2, 0.9, 0.25], weight=2)  # the model drafter is worse than the lookup arm in hand
     gen.costs.observe(gen.no_draft_arm, 0.1)
     gen._seen.add(1)
-    gen.prefills.observe(0, seconds=0.1, tokens=8)  # one plain step: exploring it costs no more than a round
-    assert not gen._prefill_outweighs_gain(0, PROMPT)
-    gen.prefills.observe(0, seconds=0.2, tokens=8)  # now 0.15 s predicted: more than a step, and no gain at all
-    assert gen._prefill_outweighs_gain(0, PROMPT)
+    # one plain step (0.1 s): exploring it costs no more than a round; 0.15 s: more than a step, and no gain at all
+    for _ in range(MIN_PREFILLS):
+        gen.prefills.observe(0, seconds=seconds, tokens=8)
+    assert gen._prefill_outweighs_gain(0, PROMPT) is skipped
 
 
 def test_the_gate_waits_for_what_it_needs_to_know(target_copy):
     gen = _generator(target_copy)
     gen.costs.observe(gen.no_draft_arm, 0.1)
-    gen.prefills.observe(0, seconds=100.0, tokens=8)
+    for _ in range(MIN_PREFILLS):
+        gen.prefills.observe(0, seconds=100.0, tokens=8)
     assert not gen._prefill_outweighs_gain(0, PROMPT)  # no reward or prior of the arm yet
     gen.policy.set_prior([0.5, None, None], weight=2)
     assert gen._prefill_outweighs_gain(0, PROMPT)  # against the target alone: mu_b = 1 / (N + 1)
@@ -79,7 +104,8 @@ def test_the_gate_waits_for_what_it_needs_to_know(target_copy):
     unbounded = _generator(target_copy, max_length=None)
     unbounded.policy.set_prior([0.5, None, None], weight=2)
     unbounded.costs.observe(unbounded.no_draft_arm, 0.1)
-    unbounded.prefills.observe(0, seconds=100.0, tokens=8)
+    for _ in range(MIN_PREFILLS):
+        unbounded.prefills.observe(0, seconds=100.0, tokens=8)
     assert not unbounded._prefill_outweighs_gain(0, PROMPT)  # no length budget: no remaining tokens to weigh
 
 

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
 
@@ -59,6 +61,39 @@ def test_bench_goals_reads_the_goal_figures_from_results():
     assert g["best_fixed"] == ("fixed[x]", 1.25) and g["vs_best_fixed"] == 0.8
     assert g["vs_oracle_per_task"] == {"a": (1.25, "fixed[x]"), "b": (0.5, "fixed[y]")}
     assert g["overhead_percent"] == {"policy": 0.2, "reward": 0.4, "kernel_choice": 0.0, "replay": 1.0}
+
+
+def test_bench_goals_arms_reports_each_arm_alone_and_the_methods_rounds():
+    sys.path.insert(0, str(RECIPES))
+    from bench_goals import arms
+
+    def record(method, seconds, passes, drafted=(), accepted=(), arms=(), split=None):
+        return {
+            "method": method,
+            "seconds": seconds,
+            "target_forwards": passes,
+            "drafted": list(drafted),
+            "accepted": list(accepted),
+            "arms": list(arms),
+            "time_split": split or {},
+        }
+
+    results = {
+        "records": [
+            record("autoregressive", 2.0, 20),  # a plain step: 0.1 s
+            record("fixed[x]", 1.0, 4, [3, 3, 2, 0], [2, 1, 2, 0], [0] * 4, {"draft": 0.08, "prefill": 0.3}),
+            record("fixed[x]", 1.0, 2, [2, 2], [1, 0], [0] * 2, {"draft": 0.02, "prefill": 0.1}),
+            record("metasd", 1.0, 5, [3, 0, 1], [3, 0, 0], [0, 2, 1]),
+            record("metasd", 1.0, 5, [1], [1], [0]),
+        ]
+    }
+    a = arms(results)
+    assert a["plain_step"] == pytest.approx(0.1)
+    x = a["alone"]["fixed[x]"]
+    # 6 rounds, 12 drafted, 6 accepted; 0.1 s of drafting over 12 tokens = 8.3 ms = 0.0833 plain steps
+    assert (x["accepted"], x["drafted"], x["acceptance"]) == (1.0, 2.0, 0.5)
+    assert x["c"] == pytest.approx(0.1 / 12 / 0.1) and x["prefill"] == pytest.approx(0.2)
+    assert a["rounds"] == {0: 2, 1: 1, 2: 1}
 
 
 def test_bench_goals_diagnosis_splits_each_ratio_into_passes_and_cost_per_pass():

@@ -45,6 +45,8 @@ class BenchRecord:
     kernel: str | None = None
     #: seconds of a verification pass by number of tokens, as the call's draft-length choice read them at its end
     verification_costs: dict[int, float] = field(default_factory=dict)
+    #: drafters the prefill gate skipped (`MetaSDStats.prefill_skips`; 0 for methods without a policy)
+    prefill_skips: int = 0
 
 
 def _count_forwards(model: torch.nn.Module) -> tuple[list[int], Any]:
@@ -137,6 +139,7 @@ def run_bench(
                         trace=stats.to_trace() if stats is not None and stats.counterfactual_rewards else [],
                         kernel=stats.kernel if stats is not None else kernel,
                         verification_costs=dict(stats.verification_costs) if stats is not None else {},
+                        prefill_skips=stats.prefill_skips if stats is not None else 0,
                     )
                 )
                 bar.update(1)

@@ -331,6 +331,11 @@ class TokenizerBridgeDrafter(Drafter):
         return self._inner.model
 
     @property
+    def setup_seconds(self) -> float:  # type: ignore[override]
+        """One-time set-up seconds of the `ModelDrafter` it drafts with (`Drafter.setup_seconds`)."""
+        return self._inner.setup_seconds
+
+    @property
     def vocab_size(self) -> None:
         """``None``: the arm returns no logits, so it imposes no logits width on the target."""
         return None
