@@ -37,7 +37,7 @@ drafts is the one pulled and rewarded; the others are learnt from replayed round
 work and is timed as ``policy``. Off by default: with the embedded pool it changed nothing measurable on dev prompts
 (docs/concepts.md, "Match routing").
 
-**Prefill gate** (``prefill_gate``, on by default; under the `speed` reward with a policy that learns from rewards):
+**Prefill gate** (``prefill_gate``, off by default; under the `speed` reward with a policy that learns from rewards):
 a drafter's first draft of a call needs its prompt prefill, which the round costs leave out (every method pays it
 once) and which on a long prompt costs more than many rounds. When the policy picks an arm that has not read the
 sequence yet, its prefill is predicted from its earlier ones (`hf_metasd.costs.PrefillCosts`) and compared with
@@ -181,7 +181,7 @@ class MetaCandidateGenerator(CandidateGenerator):
         learned_priors: bool = False,
         draft_length: str = "measured",
         match_routing: bool = False,
-        prefill_gate: bool = True,
+        prefill_gate: bool = False,
         target: Any = None,
         cost_smoothing: float = 0.3,
         clock: Callable[[], float] | None = None,

@@ -67,7 +67,7 @@ DEFAULTS: dict[str, Any] = {
     "meta_learned_priors": True,
     "meta_draft_length": "measured",
     "meta_match_routing": False,
-    "meta_prefill_gate": True,
+    "meta_prefill_gate": False,
 }
 #: Every setting a MetaSD call reads, by name.
 SETTINGS = tuple(DEFAULTS)
@@ -445,7 +445,8 @@ def generate(
             Default False: with the embedded pool it changed nothing measurable on dev prompts.
         meta_prefill_gate: under the `speed` reward, skip a drafter whose prompt prefill (predicted from its
             earlier prefills in this process) would cost more than it can save over the rest of the call
-            (`MetaCandidateGenerator`, "Prefill gate"). Default True.
+            (`MetaCandidateGenerator`, "Prefill gate"). Default False: on the ``--models qwen`` bench it saved the
+            long prompts' prefills but kept the 0.5B drafter out where it was the best arm (docs/concepts.md).
         metasd_streamer: another way to pass a streamer (kept for compatibility; ``streamer=`` works).
 
     Returns:

@@ -138,10 +138,13 @@ def test_bench_records_keep_the_prefill_gates_skips(bench_setup, target, monkeyp
 
     pool, prompts, encode = bench_setup
     monkeypatch.setattr(PrefillCosts, "estimate", lambda self, arm, tokens: 86400.0)  # every prefill: a day
-    methods = [m for m in build_methods(pool) if m.name in ("autoregressive", "metasd")]
+    methods = [m for m in build_methods(pool) if m.name in ("autoregressive", "metasd", "metasd (prefill gate)")]
     records = run_bench(target, None, prompts[:2], methods, max_new_tokens=6, progress=False, encode=encode)
-    meta = [r for r in records if r.method == "metasd"]
-    assert all(r.identical for r in records) and all(r.prefill_skips == 0 for r in records if r.method != "metasd")
+    meta = [r for r in records if r.method == "metasd (prefill gate)"]
+    assert all(r.identical for r in records)
+    assert all(
+        r.prefill_skips == 0 for r in records if r.method != "metasd (prefill gate)"
+    )  # the gate is off by default
     # the first timed call learns the arms' rewards (learned priors); the second then skips model drafters
     assert meta[1].prefill_skips > 0
 

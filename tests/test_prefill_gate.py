@@ -146,4 +146,4 @@ def test_a_gate_setting_that_is_not_a_bool_is_refused_before_any_compute(target,
         MetaSDConfigError, match=r"^`meta_prefill_gate` must be True or False, but is 'yes'\. Pass a bool\.$"
     ):
         metasd_greedy(target, PROMPT, 4, assistant_models=[target_copy], meta_prefill_gate="yes")
-    assert hf_metasd.generation.DEFAULTS["meta_prefill_gate"] is True
+    assert hf_metasd.generation.DEFAULTS["meta_prefill_gate"] is False  # off by default: see docs/concepts.md

@@ -39,7 +39,7 @@ DEFAULT_POLICIES: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     ("metasd (stock kernels)", None, None, {"meta_skinny_gemm": False}),
     ("metasd (fixed draft length)", None, None, {"meta_draft_length": "fixed"}),
     ("metasd (match routing)", None, None, {"meta_match_routing": True}),
-    ("metasd (no prefill gate)", None, None, {"meta_prefill_gate": False}),
+    ("metasd (prefill gate)", None, None, {"meta_prefill_gate": True}),
 )
 
 
