@@ -42,9 +42,10 @@ a drafter's first draft of a call needs its prompt prefill, which the round cost
 once) and which on a long prompt costs more than many rounds. When the policy picks an arm that has not read the
 sequence yet, its prefill is predicted from its earlier ones (`hf_metasd.costs.PrefillCosts`) and compared with
 what the arm can save over the tokens the length budget leaves, at its mean reward against the best arm that needs
-no prefill (`_prefill_outweighs_gain`); if the prefill costs more than that and more than a plain step, the arm is skipped like an abstaining one (not a
-pull; the round goes to `Policy.fallback`) and `MetaSDStats.prefill_skips` counts it. Before two measured
-prefills of an arm (`hf_metasd.costs.MIN_PREFILLS`), or without a reward or prior for it, nothing is skipped.
+no prefill (`_prefill_outweighs_gain`); if the prefill costs more than that and more than a plain step, the arm is
+skipped like an abstaining one (not a pull; the round goes to `Policy.fallback`) and `MetaSDStats.prefill_skips`
+counts it. Before two measured prefills of an arm (`hf_metasd.costs.MIN_PREFILLS`), or without a reward or prior for
+it, nothing is skipped.
 
 **Confidence stop** (``confidence_stop``, off by default; needs the no-draft arm): a model drafter
 (`Drafter.stops_on_confidence`) stops drafting after token :math:`k` once the product of its drafted tokens'

@@ -40,6 +40,16 @@ def task_split(data_dir: Path, task: str, tokenizer, seed: int, val_prompts: int
     return pairs[:n_val], pairs[n_val:]
 
 
+def dev_prompts(data_dir: Path, tokenizer, per_task: int) -> list[torch.Tensor]:
+    """The first `per_task` dev prompts of every task as ``(1, L)`` id tensors: the split the dev probes and the qwen
+    pool's priors use (seed 0, 10 dev prompts per task, prompts over 768 tokens dropped)."""
+    return [
+        torch.as_tensor(ids).reshape(1, -1)
+        for task in TASKS
+        for _, ids in task_split(data_dir, task, tokenizer, 0, 10, 768)[0][:per_task]
+    ]
+
+
 @torch.no_grad()
 def generate_continuations(target, prompt_ids: list[list[int]], max_new_tokens: int, batch_size: int, eos: int, desc):
     """Greedy continuations, batched with left padding; each stops at (and includes) the first eos.

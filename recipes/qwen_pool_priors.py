@@ -36,8 +36,7 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "recipes"))
-from generate_task_outputs import task_split  # noqa: E402
-from train_drafters import TASKS  # noqa: E402
+from generate_task_outputs import dev_prompts  # noqa: E402
 
 import hf_metasd  # noqa: E402
 from hf_metasd.benchmark.report import machine  # noqa: E402
@@ -59,11 +58,7 @@ def main() -> None:
     target, tokenizer = load_models("qwen", "float32", args.threads)
     pool = load_pool(target, "qwen", tokenizer=tokenizer, drafter_dtype=args.drafter_dtype, priors=False)
     names = [d.name for d in pool.drafters]
-    prompts = [
-        torch.as_tensor(ids).reshape(1, -1)
-        for task in TASKS
-        for _, ids in task_split(args.data_dir, task, tokenizer, 0, 10, 768)[0][: args.per_task]
-    ]
+    prompts = dev_prompts(args.data_dir, tokenizer, args.per_task)
     common = {
         "do_sample": False,
         "max_new_tokens": args.max_new_tokens,

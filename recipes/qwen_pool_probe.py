@@ -8,7 +8,7 @@ benchmark prompt); every output is checked against plain greedy `generate`. Prin
 plain's, its target passes, and its skipped prefills (`MetaSDStats.prefill_skips`).
 
     python recipes/qwen_pool_probe.py
-    python recipes/qwen_pool_probe.py --settings '{"no gate": {"meta_prefill_gate": false}}'
+    python recipes/qwen_pool_probe.py --settings '{"fixed length": {"meta_draft_length": "fixed"}}'
 
 Needs the Qwen2.5-Coder packages of `../shared/MODELS.md` (about 9 GB of RAM), ~10 minutes on 2 cores.
 """
@@ -25,8 +25,7 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "recipes"))
-from generate_task_outputs import task_split  # noqa: E402
-from train_drafters import TASKS  # noqa: E402
+from generate_task_outputs import dev_prompts  # noqa: E402
 
 import hf_metasd  # noqa: E402
 from hf_metasd.benchmark.run import load_models, load_pool  # noqa: E402
@@ -34,7 +33,7 @@ from hf_metasd.reward_memory import reward_memory_scope  # noqa: E402
 
 DEFAULT_SETTINGS = {
     "pool defaults": {},
-    "no prefill gate": {"meta_prefill_gate": False},
+    "prefill gate": {"meta_prefill_gate": True},
     "fixed[qwen2.5-coder-0.5b]": {"meta_policy": "fixed", "meta_policy_kwargs": {"arm": 0}},
 }
 
@@ -51,11 +50,7 @@ def main() -> None:
 
     target, tokenizer = load_models("qwen", "float32", args.threads)
     pool = load_pool(target, "qwen", tokenizer=tokenizer, drafter_dtype=args.drafter_dtype)
-    prompts = [
-        torch.as_tensor(ids).reshape(1, -1)
-        for task in TASKS
-        for _, ids in task_split(args.data_dir, task, tokenizer, 0, 10, 768)[0][: args.per_task]
-    ]
+    prompts = dev_prompts(args.data_dir, tokenizer, args.per_task)
     plain = {"do_sample": False, "max_new_tokens": args.max_new_tokens, "pad_token_id": tokenizer.pad_token_id}
     calls = {
         name: {**plain, "custom_generate": hf_metasd.generate, "assistant_models": pool, **kwargs}

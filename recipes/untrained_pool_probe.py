@@ -44,8 +44,7 @@ from hf_metasd.benchmark.offline import load_default_target, load_embedded_pool
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "recipes"))
 from bench_goals import PARTS  # noqa: E402  (the parts of a pass -> `MetaSDStats` timers)
-from generate_task_outputs import task_split  # noqa: E402
-from train_drafters import TASKS  # noqa: E402
+from generate_task_outputs import dev_prompts  # noqa: E402
 
 #: name -> (policy, policy kwargs[, other MetaSD settings of `generate`])
 SETTINGS = {
@@ -121,12 +120,7 @@ def main() -> None:
         name = f"pool defaults without {arm}"
         args.settings = {**args.settings, name: (None, {})}
         pools[name] = without_arm(pool, arm)
-    prompts = [
-        prompt[1]
-        for task in TASKS
-        for prompt in task_split(args.data_dir, task, tokenizer, 0, 10, 768)[0][: args.per_task]
-    ]
-    prompts = [torch.as_tensor(ids).reshape(1, -1) for ids in prompts]
+    prompts = dev_prompts(args.data_dir, tokenizer, args.per_task)
     common = {"do_sample": False, "max_new_tokens": args.max_new_tokens, "pad_token_id": tokenizer.pad_token_id}
     target.generate(prompts[0], **common)  # warm-up: first-call costs (kernel choice, allocator) out of the timings
     target.generate(prompts[0], custom_generate=hf_metasd.generate, assistant_models=pool, **common)
