@@ -16,6 +16,7 @@ the *other* training prompts (`recipes/generate_task_outputs.py`).
     python recipes/acceptance_matrix.py --corpus-sizes 2000 10000 50000 0   # + the corpus size curve (0 = all)
     python recipes/acceptance_matrix.py --context-lookup --models general corpus_code ... # the candidate pool's corpora,
                                                                           # searching the context too
+    python recipes/acceptance_matrix.py --context-lookup --merged --models general   # + one corpus over every task
 """
 
 from __future__ import annotations
@@ -92,6 +93,17 @@ def corpus_drafters(args, tasks, max_tokens: int = 0) -> list[CorpusDrafter]:
             outputs = kept
         drafters.append(CorpusDrafter.from_sequences(outputs, name=f"corpus_{task}"))
     return drafters
+
+
+#: Name of the candidate over every task's corpus at once (``--merged``).
+MERGED = "corpus_all"
+
+
+def merged_corpus(args, tasks, max_tokens: int = 0) -> CorpusDrafter:
+    """One corpus drafter over the documents of every task's corpus (each cut to `max_tokens` like
+    `corpus_drafters`): the longest match then picks the task's documents itself, without a bandit round."""
+    documents = [seq for drafter in corpus_drafters(args, tasks, max_tokens) for seq in drafter.index.documents()]
+    return CorpusDrafter.from_sequences(documents, name=MERGED)
 
 
 def with_context_lookup(drafters: list, on: bool) -> list:
@@ -225,6 +237,11 @@ def parse_args(argv=None):
         action="store_true",
         help="corpus candidates also search the context (`CorpusDrafter(context_lookup=True)`)",
     )
+    p.add_argument(
+        "--merged",
+        action="store_true",
+        help=f"also a candidate `{MERGED}`: one corpus drafter over every task's corpus",
+    )
     p.add_argument("--corpus-sizes", nargs="*", type=int, default=[], help="also: corpus size curve (0 = all)")
     p.add_argument(
         "--costs-only",
@@ -263,8 +280,9 @@ def main(argv=None) -> dict:
     answers = dev_answers(target, tokenizer, args)
     pool = load_embedded_pool(target, candidate_pool(args.candidates))
     models = [d for d in pool.drafters if d.kind != "prompt_lookup" and (args.models is None or d.name in args.models)]
+    merged = [merged_corpus(args, args.tasks)] if args.merged else []
     candidates = with_context_lookup(
-        [*corpus_drafters(args, args.tasks), PromptLookupDrafter(), *models], args.context_lookup
+        [*corpus_drafters(args, args.tasks), *merged, PromptLookupDrafter(), *models], args.context_lookup
     )
     if args.costs_only:
         remeasure_costs(args, target, candidates, answers)

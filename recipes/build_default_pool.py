@@ -40,7 +40,14 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "recipes"))
 
-from acceptance_matrix import candidate_pool, corpus_drafters, fixed_rounds, with_context_lookup  # noqa: E402
+from acceptance_matrix import (  # noqa: E402
+    MERGED,
+    candidate_pool,
+    corpus_drafters,
+    fixed_rounds,
+    merged_corpus,
+    with_context_lookup,
+)
 from pool_simulation import Costs, evaluate, measured_priors  # noqa: E402
 from train_drafters import TASKS  # noqa: E402
 
@@ -180,7 +187,10 @@ def main(argv=None) -> None:
     # 4. build, save, reload, check
     target, tokenizer = load_default_target(torch.float32)
     embedded = {d.name: d for d in load_embedded_pool(target, candidate_pool(args.candidates)).drafters}
-    corpora = {d.name: d for d in corpus_drafters(argparse.Namespace(outputs=args.outputs), args.tasks)}
+    stores = argparse.Namespace(outputs=args.outputs)
+    corpora = {d.name: d for d in corpus_drafters(stores, args.tasks)}
+    if MERGED in chosen:
+        corpora[MERGED] = merged_corpus(stores, args.tasks)
     available = {**embedded, **corpora, "prompt_lookup": PromptLookupDrafter()}
     available = dict(zip(available, with_context_lookup(list(available.values()), args.context_lookup), strict=True))
     drafters = [available[name] for name in chosen]

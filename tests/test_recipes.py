@@ -140,3 +140,22 @@ def test_bench_goals_diagnosis_splits_each_ratio_into_passes_and_cost_per_pass()
     assert [round(ms[k], 9) for k in ("verify", "drafting", "metasd", "other", "total")] == [80, 10, 5, 5, 100]
     assert ms["verified"] == 1 + 40 / 20
     assert a["reference_ms"]["verified"] == 1 and round(a["reference_ms"]["other"], 9) == 2
+
+
+def test_acceptance_matrix_merged_corpus_holds_every_tasks_documents_cut_like_each_corpus(tmp_path):
+    import argparse
+
+    import torch
+
+    sys.path.insert(0, str(RECIPES))
+    from acceptance_matrix import MERGED, corpus_drafters, merged_corpus
+
+    torch.save({"outputs": [[1, 2, 3, 4], [5, 6]]}, tmp_path / "code.pt")
+    torch.save({"outputs": [[7, 8, 9]]}, tmp_path / "qa.pt")
+    stores = argparse.Namespace(outputs=tmp_path)
+    merged = merged_corpus(stores, ["code", "qa", "rag"])  # no rag store: left out, as corpus_drafters does
+    assert merged.name == MERGED
+    assert merged.index.documents() == [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
+    # each task's corpus cut to its first 3 tokens, then merged
+    assert merged_corpus(stores, ["code", "qa"], max_tokens=3).index.documents() == [[1, 2, 3], [7, 8, 9]]
+    assert [d.name for d in corpus_drafters(stores, ["code", "qa"])] == ["corpus_code", "corpus_qa"]
