@@ -150,6 +150,20 @@ def test_bench_records_keep_the_prefill_gates_skips(bench_setup, target, monkeyp
     assert gated and all(r.prefill_skips > 0 and sum(r.drafted) == 0 for r in gated)
 
 
+def test_bench_records_keep_each_rounds_reward_and_the_priors_learnt_from_earlier_calls(bench_setup, target):
+    pool, prompts, encode = bench_setup
+    methods = [m for m in build_methods(pool) if m.name in ("autoregressive", "metasd")]
+    records = run_bench(target, None, prompts[:2], methods, max_new_tokens=6, progress=False, encode=encode)
+    plain, first, _, second = records  # per prompt, the methods in order
+    assert (first.method, second.method, second.prompt_id) == ("metasd", "metasd", prompts[1].id)
+    assert plain.method == "autoregressive" and plain.rewards == [] and plain.learned_priors == {}
+    for r in (first, second):  # one entry per round, None only where a round earned no reward
+        assert len(r.rewards) == len(r.arms) and any(v is not None for v in r.rewards)
+        assert all(v is None or 0.0 <= v <= 1.0 for v in r.rewards)
+    # the warm-up learns in its own scope: the first timed call starts from nothing, the second from the first
+    assert first.learned_priors == {} and second.learned_priors
+
+
 def test_sub_pool_methods_draft_only_with_their_drafters(bench_setup, target):
     pool, prompts, encode = bench_setup
     methods = [m for m in build_methods(pool, sub_pools=[["rag"]]) if m.name in ("autoregressive", "metasd[rag]")]

@@ -47,6 +47,10 @@ class BenchRecord:
     verification_costs: dict[int, float] = field(default_factory=dict)
     #: drafters the prefill gate skipped (`MetaSDStats.prefill_skips`; 0 for methods without a policy)
     prefill_skips: int = 0
+    #: the reward of each round's pulled arm (`MetaSDStats.rewards`; ``None``: a round not rewarded)
+    rewards: list[float | None] = field(default_factory=list)
+    #: the prior means the call took from earlier calls of its method (`MetaSDStats.learned_priors`)
+    learned_priors: dict[str, float] = field(default_factory=dict)
 
 
 def _count_forwards(model: torch.nn.Module) -> tuple[list[int], Any]:
@@ -140,6 +144,8 @@ def run_bench(
                         kernel=stats.kernel if stats is not None else kernel,
                         verification_costs=dict(stats.verification_costs) if stats is not None else {},
                         prefill_skips=stats.prefill_skips if stats is not None else 0,
+                        rewards=list(stats.rewards) if stats is not None else [],
+                        learned_priors=dict(stats.learned_priors) if stats is not None else {},
                     )
                 )
                 bar.update(1)
