@@ -211,6 +211,28 @@ def heatmap(matrix: dict[str, dict[str, float]], tasks, path: Path, title: str) 
     plt.close(fig)
 
 
+def size_curve_plot(curve: dict[str, dict[str, float]], corpus_tokens: dict[str, int], path: Path) -> None:
+    """Accepted tokens per round of each task's corpus on its own dev prompts against the corpus's tokens (log x)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for task, points in curve.items():
+        full = corpus_tokens.get(f"corpus_{task}", 0)
+        xy = sorted((min(int(k), full) if k != "all" else full, v) for k, v in points.items())
+        ax.plot([x for x, _ in xy], [y for _, y in xy], marker="o", label=task)
+    ax.set_xscale("log")
+    ax.set_xlabel("corpus tokens (the target's answers to training prompts)")
+    ax.set_ylabel("accepted tokens per round, own task")
+    ax.set_title("Corpus size against acceptance, dev split", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", type=Path, default=REPO_ROOT.parent / "shared" / "data")
@@ -326,6 +348,7 @@ def main(argv=None) -> dict:
                 curve.setdefault(task, {})[str(size or "all")] = sum(a for _, a in rounds) / sum(r for r, _ in rounds)
             print(f"corpus size {size or 'all'} done", flush=True)
         result["corpus_size_curve"] = curve
+        size_curve_plot(curve, result["corpus_tokens"], args.out / "corpus_size_curve.png")
     models = {d.name: d.kind not in ("prompt_lookup", "corpus") for d in candidates}
     torch.save(
         {

@@ -139,6 +139,12 @@ def main(argv=None) -> None:
         action="store_true",
         help="the pool's corpus drafters search the context too (use with a table made with --context-lookup)",
     )
+    parser.add_argument(
+        "--arms",
+        nargs="+",
+        default=None,
+        help="keep these candidates (in this order) instead of selecting arms; defaults are still tuned on them",
+    )
     parser.add_argument("--check-prompts", type=int, default=2, help="dev prompts per task for the lossless check")
     args = parser.parse_args(argv)
     start = time.perf_counter()
@@ -157,8 +163,17 @@ def main(argv=None) -> None:
 
     # 1. arms by contribution, with the policy the last pool shipped (then re-tuned below)
     policy, kwargs, n = "ucb", {"beta": 0.1}, 3
-    chosen, _, history = forward_selection(
-        table, candidates, args.tasks, costs, policy, kwargs, n, args.prior_weight, args.min_gain, log
+    unknown = sorted(set(args.arms or ()) - set(candidates))
+    if unknown:
+        raise SystemExit(
+            f"`--arms` must name candidates of the table {candidates}, but has {unknown}. Pass their names."
+        )
+    chosen, _, history = (
+        (list(args.arms), None, [])
+        if args.arms
+        else forward_selection(
+            table, candidates, args.tasks, costs, policy, kwargs, n, args.prior_weight, args.min_gain, log
+        )
     )
     # 2. defaults on the kept arms
     results = {}
@@ -169,10 +184,10 @@ def main(argv=None) -> None:
     (policy, settings_json, n), best = max(results.items(), key=lambda kv: kv[1]["overall"])
     kwargs = json.loads(settings_json)
     log(f"defaults: {policy} {kwargs} N={n}: {best['overall']:.3f}")
-    # re-select with the chosen defaults
-    chosen, overall, history = forward_selection(
-        table, candidates, args.tasks, costs, policy, kwargs, n, args.prior_weight, args.min_gain, log
-    )
+    if not args.arms:  # re-select with the chosen defaults
+        chosen, _, history = forward_selection(
+            table, candidates, args.tasks, costs, policy, kwargs, n, args.prior_weight, args.min_gain, log
+        )
     final = simulate(table, chosen, args.tasks, costs, policy, kwargs, n, args.prior_weight)
     contributions = {
         name: final["overall"]

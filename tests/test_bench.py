@@ -92,6 +92,30 @@ def test_transformers_baselines_one_per_kind(bench_setup):
         build_methods(pool, transformers_baselines="some")
 
 
+def test_a_pool_of_corpora_is_compared_with_transformers_prompt_lookup(target):
+    from hf_metasd.drafters import CorpusDrafter
+
+    pool = [CorpusDrafter.from_sequences([[1, 2, 3, 4]], name="corpus_a")]
+    methods = {m.name: m for m in build_methods(pool, num_assistant_tokens=3) if m.kind == "transformers"}
+    # no corpus has a transformers equivalent: transformers' prompt lookup stands in, like for like and with its defaults
+    assert list(methods) == ["hf-assisted[prompt_lookup]", "hf-assisted[prompt_lookup] (hf defaults)"]
+    assert methods["hf-assisted[prompt_lookup]"].kwargs(None)["prompt_lookup_num_tokens"] == 3
+    assert methods["hf-assisted[prompt_lookup] (hf defaults)"].kwargs(None)["prompt_lookup_num_tokens"] == 10
+    assert not [m for m in build_methods(pool, transformers_baselines="none") if m.kind == "transformers"]
+    prompts = [BenchPrompt("qa", "qa/0", "0")]
+    records = run_bench(
+        target,
+        None,
+        prompts,
+        list(methods.values()),
+        max_new_tokens=6,
+        progress=False,
+        encode=lambda tokenizer, text: random_prompts(1, seed=3)[0],
+        warm_up_tokens=0,
+    )
+    assert len(records) == 2 and all(r.new_tokens == 6 for r in records)
+
+
 def test_full_information_traces_are_saved_and_replay(bench_setup, target, tmp_path):
     from hf_metasd.benchmark.simulate import replay
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..drafters import Drafter, ModelDrafter
+from ..drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from ..generation import DEFAULTS
 from ..generation import generate as metasd_generate
 from ..policies import get_policy
@@ -141,6 +141,8 @@ def build_methods(
         policies: `DEFAULT_POLICIES`-style rows; a row's None policy or reward keeps the pool's.
         transformers_baselines: transformers' assisted generation with ``"all"`` drafters, the first drafter of
             each kind (``"kinds"``, default: LoRA arms of one base differ only by their adapter) or ``"none"``.
+            When no drafter of the pool has a transformers equivalent (a pool of corpora), transformers' prompt
+            lookup stands in, so that the run still compares with stock transformers.
         transformers_defaults: also run each of those with transformers' own default settings.
         fixed_baselines: each drafter alone (``fixed[<name>]``).
         stream_policy: one policy instance shared by every call of the run (learning over the stream).
@@ -176,6 +178,7 @@ def build_methods(
         raise ValueError(
             f"`transformers_baselines` must be 'all', 'kinds' or 'none', but is {transformers_baselines!r}. Pick one."
         )
+    before = len(methods)
     for drafter in baseline_drafters:
         kwargs = transformers_assisted_kwargs(drafter, n, target=target)
         if kwargs is not None:
@@ -186,6 +189,14 @@ def build_methods(
         if defaults is not None:
             methods.append(
                 Method(f"hf-assisted[{drafter.name}] (hf defaults)", "transformers", lambda prompt, k=defaults: k)
+            )
+    if baseline_drafters and len(methods) == before:  # no drafter has a transformers equivalent
+        lookup = PromptLookupDrafter()
+        kwargs, defaults = transformers_assisted_kwargs(lookup, n), transformers_assisted_kwargs(lookup, None)
+        methods.append(Method(f"hf-assisted[{lookup.name}]", "transformers", lambda p, k=kwargs: k, kernel="metasd"))
+        if transformers_defaults:
+            methods.append(
+                Method(f"hf-assisted[{lookup.name}] (hf defaults)", "transformers", lambda p, k=defaults: k)
             )
     if fixed_baselines:  # the per-task oracle is derived from these (`report.summarize`)
         for i, name in enumerate(names):
