@@ -74,7 +74,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from ._validation import check_int
 from .costs import CostModel, PrefillCosts
-from .draft_length import DraftLength, check_draft_length_mode
+from .draft_length import DraftLength, check_draft_length_mode, match_class
 from .drafters import Drafter, unique_names
 from .drafters.prompt_lookup import forbidden_tokens
 from .errors import MetaSDConfigError, PolicyArmError
@@ -111,6 +111,7 @@ class _Round:
     first: bool = False
     start: int = 0  # sequence length at the round's start
     num_tokens: int = 0  # the round's draft length
+    match_class: int | None = None  # the draft's match class (`hf_metasd.draft_length.match_class`), if it has one
     routed_from: int | None = None  # the policy's pick when match routing gave the round to another arm
     kernel: str | None = None  # the verification kernel of the round's pass (None: not chosen per pass)
 
@@ -459,9 +460,21 @@ class MetaCandidateGenerator(CandidateGenerator):
         """Tokens `arm` drafts this round: the length budget's cap, and under ``"measured"`` the length this machine
         verifies fastest per expected token (`DraftLength.choose`)."""
         cap = self._length_cap(input_ids)
-        if self.draft_length == "fixed" or arm == self.no_draft_arm:
+        if self.draft_length == "fixed" or arm == self.no_draft_arm or self._cut_by_match(arm):
             return cap
         return self.lengths.choose(arm, cap)
+
+    def _cut_by_match(self, arm: int) -> bool:
+        """Whether `arm` drafts the cap and is cut by its match class (`DraftLength`, "Match classes")."""
+        return self.draft_length == "measured" and arm != self.no_draft_arm and self.drafters[arm].scores_matches
+
+    def _cut(self, arm: int, tokens: torch.LongTensor) -> tuple[torch.LongTensor, int | None]:
+        """`tokens` ``(1, n)`` of a drafter that scores matches, cut to the length its match class reads best, and
+        that class; other arms' tokens as they are."""
+        if not self._cut_by_match(arm) or tokens.shape[-1] == 0:
+            return tokens, None
+        match = match_class(self.drafters[arm].last_match_length)
+        return tokens[:, : self.lengths.choose(arm, tokens.shape[-1], match)], match
 
     def _draft(
         self, pending: _Round, input_ids: torch.LongTensor, num_tokens: int, *, warm: bool
@@ -489,6 +502,8 @@ class MetaCandidateGenerator(CandidateGenerator):
                     self.step_costs.observe(arm, (self.clock() - start) / (tokens.shape[-1] - 1))
                 self._last_arm = arm
                 if tokens.shape[-1] > 0:
+                    tokens, pending.match_class = self._cut(arm, tokens)
+                    pending.num_tokens = tokens.shape[-1] if pending.match_class is not None else pending.num_tokens
                     return tokens, logits
             # The drafter abstained (nothing to propose, e.g. no n-gram match), or its prompt prefill would cost more
             # than it can gain in this call. That is not a pull: nothing is learnt about its drafts, so the policy
@@ -604,6 +619,7 @@ class MetaCandidateGenerator(CandidateGenerator):
         stats.routed_from.append(pending.routed_from)
         stats.kernels.append(pending.kernel)
         stats.min_confidence.append(pending.min_confidence)
+        stats.match_classes.append(pending.match_class)
         stats.catch_up_tokens.append(
             self.drafters[pending.arm].last_catch_up_tokens if pending.arm != self.no_draft_arm else 0
         )
@@ -631,7 +647,7 @@ class MetaCandidateGenerator(CandidateGenerator):
             elif not is_plain:
                 self.costs.observe(arm, seconds - pending.prefill_seconds)
         if not is_plain:
-            self.lengths.observe_acceptance(arm, drafted, accepted)
+            self.lengths.observe_acceptance(arm, drafted, accepted, pending.match_class)
             if not pending.first:
                 self.lengths.observe_draft(
                     arm, drafted, pending.verify_started - pending.started - pending.prefill_seconds
@@ -735,12 +751,15 @@ class MetaCandidateGenerator(CandidateGenerator):
             if arm == pending.arm or arm in pending.abstained or pending.num_tokens == 0:
                 continue
             begin = self.clock()
+            # an arm cut by its match class proposes what it would have drafted itself: the cap, cut by its class
+            length = self._length_cap(prefix) if self._cut_by_match(arm) else pending.num_tokens
             with self.stats.timed("replay"):
-                tokens = self._replay_draft(arm, prefix, pending.num_tokens, first_token, allowed)
+                tokens = self._replay_draft(arm, prefix, length, first_token, allowed)
+                tokens, match = self._cut(arm, tokens)
             seconds = self.clock() - begin
             if tokens.shape[-1] == 0:  # it would have abstained: nothing to learn, as in a real round
                 continue
-            self._replays.append(ReplayedRound(arm, pending.start, tokens[0].tolist(), seconds))
+            self._replays.append(ReplayedRound(arm, pending.start, tokens[0].tolist(), seconds, match))
             if verify is not None:  # its round's cost: its proposing, this round's verification
                 self.costs.observe(arm, verify + seconds)
         plain = self.costs.estimate(self.no_draft_arm) if self.no_draft else None
@@ -753,7 +772,7 @@ class MetaCandidateGenerator(CandidateGenerator):
                 if accepted is None:
                     waiting.append(replayed)
                     continue
-                self.lengths.observe_acceptance(replayed.arm, len(replayed.tokens), accepted)
+                self.lengths.observe_acceptance(replayed.arm, len(replayed.tokens), accepted, replayed.match_class)
                 decided = replayed_feedback(
                     replayed,
                     accepted,

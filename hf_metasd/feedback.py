@@ -120,12 +120,15 @@ class ReplayedRound:
         start: the sequence length at the round's start (the proposal's first token would sit there).
         tokens: the proposal, as ids.
         seconds: what proposing cost.
+        match_class: the proposal's match class for a drafter that scores matches (see
+            `hf_metasd.draft_length.match_class`), else ``None``.
     """
 
     arm: int
     start: int
     tokens: list[int]
     seconds: float
+    match_class: int | None = None
 
 
 def replayed_accepted(replayed: ReplayedRound, sequence: Sequence[int]) -> int | None:

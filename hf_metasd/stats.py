@@ -48,7 +48,8 @@ class MetaSDStats:
     gate skipped (not pulls: the round went to the policy's `fallback`; `prefill_skips` counts the skipped prefills),
     ``routed_from[r]`` the arm the policy picked when match routing gave the round to another
     (``None``: it did not; see `MetaCandidateGenerator`), ``min_confidence[r]`` the confidence stop the drafter drafted under (``None``: none; see
-    `MetaCandidateGenerator`).
+    `MetaCandidateGenerator`), ``match_classes[r]`` the match class a corpus drafter's draft was cut by (``None``: a
+    round of another kind, or a fixed length; `hf_metasd.draft_length`, "Match classes").
 
     Seconds (all from one clock, `clock`): ``draft_seconds`` (drafters' drafting steps, and catch-up of a drafter that
     also drafted the round before: the tokens it is bound to ingest), ``prefill_seconds`` (each drafter's first ingest
@@ -82,6 +83,7 @@ class MetaSDStats:
     routed_from: list[int | None] = field(default_factory=list)
     kernels: list[str | None] = field(default_factory=list)
     min_confidence: list[float | None] = field(default_factory=list)
+    match_classes: list[int | None] = field(default_factory=list)
     prefill_skips: int = 0
     draft_seconds: float = 0.0
     prefill_seconds: float = 0.0
@@ -215,6 +217,17 @@ class MetaSDStats:
         routed = sum(r is not None for r in self.routed_from)
         if routed:
             lines.append(f"  match routing gave {routed} of {self.rounds} rounds to another lookup arm")
+        by_class: dict[int, list[int]] = {}
+        for match, drafted in zip(self.match_classes, self.drafted):
+            if match is not None:
+                by_class.setdefault(match, []).append(drafted)
+        if by_class:
+            lines.append(
+                "  corpus drafts by match length in tokens (rounds, mean drafted): "
+                + "; ".join(
+                    f"{_match_lengths(c)}: {len(d)}, {sum(d) / len(d):.2f}" for c, d in sorted(by_class.items())
+                )
+            )
         wall = self.wall_seconds or self.total_seconds or 1.0
         parts = [*TIME_PARTS, "other"]
         lines.append(
@@ -235,3 +248,9 @@ class MetaSDStats:
             costs = ", ".join(f"{k}: {1000 * v:.1f}" for k, v in sorted(self.verification_costs.items()))
             lines.append(f"  draft length {self.draft_length}; ms per verification pass by tokens: {costs}")
         return "\n".join(lines)
+
+
+def _match_lengths(match_class: int) -> str:
+    """The match lengths of `match_class` (`hf_metasd.draft_length.match_class`) as text: ``"1"``, ``"3-4"``."""
+    low, high = (1, 1) if match_class == 0 else (2 ** (match_class - 1) + 1, 2**match_class)
+    return str(low) if low == high else f"{low}-{high}"

@@ -12,7 +12,7 @@ import hf_metasd.costs
 import hf_metasd.draft_length
 import hf_metasd.stats
 from hf_metasd import MetaSDConfigError
-from hf_metasd.draft_length import DraftLength
+from hf_metasd.draft_length import DraftLength, match_class
 
 PROMPT = prompts(1, seed=11)[0]
 
@@ -119,6 +119,41 @@ def test_measurements_are_shared_across_calls_with_the_same_target(monkeypatch):
     assert scoped.summary() == first.summary() and scoped.acceptance(0, 1) == [0.5]
 
 
+def test_match_class_is_the_ceiling_of_the_log2_of_the_match_length():
+    assert [match_class(m) for m in range(1, 18)] == [0, 1, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 4, 4, 4, 4, 5]
+    assert match_class(0) == 0
+
+
+def test_acceptance_per_match_class_is_shrunk_towards_the_arms_rates():
+    lengths = DraftLength(num_arms=1, max_tokens=3, prior_weight=2.0)
+    # class 0 (one-token matches): reached position 1 twice, accepted never; class 4: accepted all 3, twice
+    lengths.observe_acceptance(0, 3, 0, 0)
+    lengths.observe_acceptance(0, 3, 0, 0)
+    lengths.observe_acceptance(0, 3, 3, 4)
+    lengths.observe_acceptance(0, 3, 3, 4)
+    # the arm: position 1 reached 4 times, accepted 2: (2 + 2 * 0.5) / 6 = 0.5; positions 2, 3 reached 2 of 2:
+    # (2 + 2 * 0.5) / 4 = 0.75, then (2 + 2 * 0.75) / 4 = 0.875
+    assert lengths.acceptance(0, 3) == pytest.approx([0.5, 0.75, 0.875])
+    # class 0: (0 + 2 * 0.5) / 4 = 0.25, then never reached: the arm's 0.75 and 0.875
+    assert lengths.acceptance(0, 3, 0) == pytest.approx([0.25, 0.75, 0.875])
+    # class 4: (2 + 2 * 0.5) / 4, (2 + 2 * 0.75) / 4, (2 + 2 * 0.875) / 4
+    assert lengths.acceptance(0, 3, 4) == pytest.approx([0.75, 0.875, 0.9375])
+    assert lengths.acceptance(0, 3, 2) == pytest.approx([0.5, 0.75, 0.875])  # a class never seen: the arm's
+
+
+def test_a_weak_match_drafts_less_than_a_strong_one():
+    lengths = DraftLength(num_arms=1, max_tokens=3, prior_weight=2.0)
+    for _ in range(20):
+        lengths.observe_acceptance(0, 3, 0, 0)
+        lengths.observe_acceptance(0, 3, 3, 4)
+    # a pass over 2 tokens costs as much as a plain step, longer ones 20 % more per extra token
+    _measured(lengths, {1: 1.0, 2: 1.0, 3: 1.2, 4: 1.4})
+    # class 0: p1 = (0 + 2 * p_arm1) / 22 ~ 0.05, E(1) / v(2) = 1.05 beats E(3) / v(4) ~ 0.75; class 4: E(3) ~ 3.8
+    assert lengths.choose(0, match_class=0) == 1
+    assert lengths.choose(0, match_class=4) == 3
+    assert lengths.choose(0) == 3  # the arm over both classes: p1 ~ 0.5, p2, p3 ~ 1: 2.5 / 1.4 beats 1.5 / 1.0
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match=r"`max_tokens` must be an int >= 1, but is 0\. Use the call's"):
         DraftLength(num_arms=1, max_tokens=0)
@@ -210,3 +245,45 @@ def test_meta_draft_length_must_be_a_known_mode(target, target_copy):
 def test_the_fix_the_message_suggests_works(target, target_copy):
     out = metasd_greedy(target, PROMPT, 5, assistant_models=[target_copy], meta_draft_length="fixed")
     assert torch.equal(out, greedy(target, PROMPT, 5))
+
+
+# ---------------------------------------------------------------------- match classes in whole calls
+LINEAR = [10.0, 11.0, 12.0, 13.0]  # a pass over k tokens costs 9 + k, the prompt's prefill 13
+
+
+def _corpus_call(target, drafter, clock, **kwargs):
+    with clock.charging((target, LINEAR)):
+        return metasd_greedy(
+            target,
+            PROMPT,
+            40,
+            assistant_models=[drafter],
+            meta_policy="fixed",
+            meta_policy_kwargs={"arm": 0},
+            meta_skinny_gemm=False,
+            num_assistant_tokens=3,
+            return_dict_in_generate=True,
+            **kwargs,
+        )
+
+
+def test_a_corpus_drafter_is_cut_by_its_match_class(target, clock):
+    from hf_metasd.drafters import CorpusDrafter
+
+    answer = greedy(target, PROMPT, 40)[0, PROMPT.shape[1] :].tolist()
+    g = torch.Generator().manual_seed(5)
+    noise = torch.randint(1, 96, (60, 30), generator=g).tolist()  # short matches whose continuations are wrong
+    drafter = CorpusDrafter.from_sequences([answer[20:], *noise], min_match_length=1, min_frequency=0.0)
+    for _ in range(3):  # later calls start from the counts the earlier ones left (per process and target)
+        out = _corpus_call(target, drafter, clock)
+    stats = out.metasd
+    assert torch.equal(out.sequences, greedy(target, PROMPT, 40))
+    rounds = list(zip(stats.match_classes, stats.drafted, stats.accepted))
+    assert all(c is not None for c, d, _ in rounds if d > 0), rounds
+    weak = [d for c, d, _ in rounds if c == 0]
+    strong = [d for c, d, _ in rounds if c is not None and c >= 3]
+    assert weak and set(weak) == {1}, rounds  # one-token matches never paid: one token, the cheapest pass
+    assert strong and max(strong) == 3, rounds  # long matches of the answer's second half: the cap
+    assert "corpus drafts by match length in tokens" in stats.summary()
+    fixed = _corpus_call(target, drafter, clock, meta_draft_length="fixed")
+    assert torch.equal(fixed.sequences, out.sequences) and set(fixed.metasd.match_classes) == {None}
