@@ -503,7 +503,9 @@ class MetaCandidateGenerator(CandidateGenerator):
                 self._last_arm = arm
                 if tokens.shape[-1] > 0:
                     tokens, pending.match_class = self._cut(arm, tokens)
-                    pending.num_tokens = tokens.shape[-1] if pending.match_class is not None else pending.num_tokens
+                    if pending.match_class is not None:
+                        pending.num_tokens = tokens.shape[-1]
+                        logits = None if logits is None else logits[:, : tokens.shape[-1]]  # (1, n, V) with the cut
                     return tokens, logits
             # The drafter abstained (nothing to propose, e.g. no n-gram match), or its prompt prefill would cost more
             # than it can gain in this call. That is not a pull: nothing is learnt about its drafts, so the policy

@@ -287,3 +287,40 @@ def test_a_corpus_drafter_is_cut_by_its_match_class(target, clock):
     assert "corpus drafts by match length in tokens" in stats.summary()
     fixed = _corpus_call(target, drafter, clock, meta_draft_length="fixed")
     assert torch.equal(fixed.sequences, out.sequences) and set(fixed.metasd.match_classes) == {None}
+
+
+def test_a_cut_draft_keeps_its_logits_in_step_under_sampling(target, drafters, clock, monkeypatch):
+    from hf_metasd.candidate_generator import MetaCandidateGenerator
+    from hf_metasd.drafters import ModelDrafter
+
+    class WeakMatches(ModelDrafter):  # a model drafter that says every proposal continues a one-token match
+        scores_matches = True
+        last_match_length = 1
+
+    shapes = []  # (drafted tokens, logits rows) of every round: the candidate-generator contract pairs them
+    get_candidates = MetaCandidateGenerator.get_candidates
+
+    def recorded(self, input_ids, **kwargs):
+        candidates, logits = get_candidates(self, input_ids, **kwargs)
+        if logits is not None:
+            shapes.append((candidates.shape[1] - input_ids.shape[1], logits.shape[1]))
+        return candidates, logits
+
+    monkeypatch.setattr(MetaCandidateGenerator, "get_candidates", recorded)
+    torch.manual_seed(0)
+    with clock.charging((target, LINEAR), (drafters[0], 0.1)):
+        out = target.generate(
+            PROMPT,
+            do_sample=True,
+            max_new_tokens=40,
+            custom_generate=hf_metasd.generate,
+            assistant_models=[WeakMatches(drafters[0])],
+            meta_policy="fixed",
+            meta_policy_kwargs={"arm": 0},
+            num_assistant_tokens=3,
+            meta_skinny_gemm=False,
+            return_dict_in_generate=True,
+        )
+    assert out.sequences.shape[1] == PROMPT.shape[1] + 40
+    assert 1 in out.metasd.drafted, out.metasd.drafted  # weak matches were cut to one token
+    assert shapes and all(n == rows for n, rows in shapes), shapes
