@@ -160,6 +160,29 @@ def test_generate_reports_the_measured_kernel(target, drafters):
     assert torch.equal(forced.sequences, out.sequences)
 
 
+def test_a_draft_cap_above_max_rows_still_measures_the_kernel_and_checks_short_passes(target, drafters, monkeypatch):
+    import hf_metasd.generation
+    from hf_metasd.kernels import DEFAULT_MAX_ROWS, clear_kernel_choices
+
+    asked = []
+    choose = hf_metasd.generation.choose_verification_kernel
+    monkeypatch.setattr(
+        hf_metasd.generation,
+        "choose_verification_kernel",
+        lambda model, rows: asked.append(rows) or choose(model, rows),
+    )
+    clear_kernel_choices()
+    num = DEFAULT_MAX_ROWS + 4  # above the transposed product's rows: it was "stock" for every pass, unmeasured
+    out = metasd_greedy(
+        target, prompts(1)[0], 12, assistant_models=drafters, num_assistant_tokens=num, return_dict_in_generate=True
+    )
+    assert asked == [[DEFAULT_MAX_ROWS]]  # timed at the longest pass the transposed product applies to
+    assert set(out.metasd.kernel_timings) == {"stock_seconds", "skinny_seconds"}
+    assert {k for k in out.metasd.kernels if k is not None} <= {"stock", "skinny"} and any(out.metasd.kernels)
+    assert torch.equal(out.sequences, greedy(target, prompts(1)[0], 12))
+    clear_kernel_choices()
+
+
 def test_bfloat16_targets_are_never_measured():
     from hf_metasd.kernels import choose_verification_kernel
 
