@@ -13,6 +13,11 @@ root::
 
     python recipes/generate_task_outputs.py                       # every task (about 1 h on 2 cores, fp32)
     python recipes/generate_task_outputs.py --tasks code --max-prompts-per-task 40
+    python recipes/generate_task_outputs.py --models qwen --max-prompts-per-task 16 --max-new-tokens 64 --batch-size 16
+
+``--models qwen`` answers with Qwen2.5-Coder-1.5B-Instruct (the ``--models qwen`` bench's target; its own tokenizer, so
+its own dev split) into ``artifacts/task-outputs-qwen`` unless ``--out`` says otherwise: the corpus of the qwen pool's
+``corpus_all`` arm (built by `recipes/build_qwen_corpus.py`).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ sys.path.insert(0, str(REPO_ROOT / "recipes"))
 from train_drafters import TASKS, shuffled_prompts  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
-from hf_metasd.benchmark.offline import load_default_target  # noqa: E402
+from hf_metasd.benchmark.run import load_models  # noqa: E402
 
 
 def task_split(data_dir: Path, task: str, tokenizer, seed: int, val_prompts: int, max_prompt_tokens: int):
@@ -98,7 +103,10 @@ def generate_continuations(target, prompt_ids: list[list[int]], max_new_tokens: 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", type=Path, default=REPO_ROOT.parent / "shared" / "data")
-    p.add_argument("--out", type=Path, default=REPO_ROOT / "artifacts" / "task-outputs")
+    p.add_argument(
+        "--models", default="smollm2", choices=["smollm2", "qwen"], help="the target (as `hf-metasd bench`)"
+    )
+    p.add_argument("--out", type=Path, default=None, help="default: artifacts/task-outputs (qwen: task-outputs-qwen)")
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
     p.add_argument("--max-prompts-per-task", type=int, default=400)
     p.add_argument("--max-prompt-tokens", type=int, default=768)
@@ -115,7 +123,11 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    target, tokenizer = load_default_target(getattr(torch, args.dtype))
+    target, tokenizer = load_models(args.models, args.dtype, args.threads)
+    if args.out is None:
+        args.out = (
+            REPO_ROOT / "artifacts" / ("task-outputs" if args.models == "smollm2" else f"task-outputs-{args.models}")
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     todo: dict[str, list] = {}
     stores: dict[str, dict] = {}

@@ -237,3 +237,17 @@ def test_the_qwen_pool_priors_name_its_arms_and_follow_the_recipes_formula():
     for arm in QWEN_ARMS:
         speedup = record["seconds"]["plain"] / record["seconds"][arm]
         assert priors[arm] == pytest.approx(min(1.0, speedup / (n + 1)), abs=1e-3)
+
+
+def test_the_qwen_pool_corpus_ships_in_binary_form_and_matches_its_record():
+    # `recipes/build_qwen_corpus.py`: the 1.5B target's own answers, one corpus over every task, no JSON of tokens
+    from hf_metasd.benchmark.run import QWEN_CORPUS_DIR
+    from hf_metasd.drafters import CorpusDrafter
+
+    record = json.loads((QWEN_CORPUS_DIR / "corpus.json").read_text())
+    drafter = CorpusDrafter.from_folder(QWEN_CORPUS_DIR, name="corpus_all", context_lookup=True)
+    documents = drafter.index.documents()
+    assert sum(len(d) for d in documents) == record["tokens"] == sum(t["tokens"] for t in record["per_task"].values())
+    assert len(documents) == sum(t["prompts"] for t in record["per_task"].values())
+    assert drafter.index.max_token_id < 151_936  # Qwen2.5's vocabulary
+    assert sorted(p.name for p in QWEN_CORPUS_DIR.iterdir()) == ["corpus.json", "corpus.safetensors"]

@@ -184,7 +184,10 @@ def check_drafter_dtype(drafter_dtype: str | None, models: str, pool: str | None
 
 
 #: The ``--models qwen`` pool's arm names, in order.
-QWEN_ARMS = ("qwen2.5-coder-0.5b", "smollm2-135m", "early_exit_4", "prompt_lookup")
+QWEN_ARMS = ("qwen2.5-coder-0.5b", "smollm2-135m", "early_exit_4", "prompt_lookup", "corpus_all")
+#: The ``--models qwen`` pool's corpus (``corpus_all``): Qwen2.5-Coder-1.5B's own greedy answers to training prompts
+#: (package data, written by `recipes/build_qwen_corpus.py`).
+QWEN_CORPUS_DIR = Path(__file__).resolve().parents[1] / "data" / "qwen_corpus"
 #: The ``--models qwen`` pool's priors, measured on dev prompts by `recipes/qwen_pool_priors.py` (package data).
 QWEN_POOL_FILE = Path(__file__).resolve().parents[1] / "data" / "qwen_pool.json"
 
@@ -200,7 +203,8 @@ def load_pool(
 ) -> Any:
     """The embedded pool for SmolLM2 (or `pool`). For ``"qwen"``, a heterogeneous pool for Qwen2.5-Coder-1.5B:
     Qwen2.5-Coder-0.5B (same tokenizer: strong, costly), SmolLM2-135M-Instruct through `TokenizerBridgeDrafter`
-    (another tokenizer: cheap), the target's first 4 layers (early exit) and prompt lookup; the two drafter models
+    (another tokenizer: cheap), the target's first 4 layers (early exit), prompt lookup and a corpus drafter over the
+    1.5B's own answers to training prompts (`QWEN_CORPUS_DIR`, with context lookup); the two drafter models
     in `drafter_dtype` (default: `dtype`, the target's). With `priors`, the qwen pool carries the priors in
     `QWEN_POOL_FILE` (each arm's measured speed alone on dev prompts) when that file exists."""
     from .offline import load_embedded_pool
@@ -208,7 +212,7 @@ def load_pool(
     check_drafter_dtype(drafter_dtype, models, pool)
     if models != "qwen" or pool:
         return load_embedded_pool(target, pool)
-    from ..drafters import EarlyExitDrafter, ModelDrafter, PromptLookupDrafter, TokenizerBridgeDrafter
+    from ..drafters import CorpusDrafter, EarlyExitDrafter, ModelDrafter, PromptLookupDrafter, TokenizerBridgeDrafter
     from ..pool import DrafterPool
     from .offline import load_default_target, load_qwen_coder
 
@@ -219,6 +223,7 @@ def load_pool(
         TokenizerBridgeDrafter(smol, smol_tokenizer, target_tokenizer=tokenizer, name=QWEN_ARMS[1]),
         EarlyExitDrafter(target, num_layers=4, name=QWEN_ARMS[2]),
         PromptLookupDrafter(name=QWEN_ARMS[3]),
+        CorpusDrafter.from_folder(QWEN_CORPUS_DIR, name=QWEN_ARMS[4], context_lookup=True),
     ]
     measured = json.loads(QWEN_POOL_FILE.read_text())["priors"] if priors and QWEN_POOL_FILE.is_file() else None
     return DrafterPool(drafters, target=target, tokenizer=tokenizer, priors=measured)
