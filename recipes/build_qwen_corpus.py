@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,6 +25,7 @@ sys.path.insert(0, str(REPO_ROOT / "recipes"))
 
 from train_drafters import TASKS  # noqa: E402
 
+from hf_metasd.benchmark.report import machine  # noqa: E402
 from hf_metasd.benchmark.run import QWEN_CORPUS_DIR  # noqa: E402
 from hf_metasd.drafters import CorpusDrafter  # noqa: E402
 
@@ -48,14 +48,13 @@ def main(argv=None) -> dict:
         per_task[task] = {"prompts": len(store["prompts"]), "tokens": sum(len(o) for o in store["outputs"])}
     drafter = CorpusDrafter.from_sequences(documents, name="corpus_all")
     file = drafter.save_corpus(args.out)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT).stdout.strip()
     record = {
         "what": "Qwen2.5-Coder-1.5B-Instruct's greedy float32 answers to ../shared/data/train prompts (dev split and "
         "benchmark prompts kept out), recipes/generate_task_outputs.py --models qwen",
         "per_task": per_task,
         "tokens": sum(t["tokens"] for t in per_task.values()),
         "bytes": file.stat().st_size,
-        "commit": commit,
+        "commit": machine()["commit"],
         "command": "python recipes/build_qwen_corpus.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
     (args.out / "corpus.json").write_text(json.dumps(record, indent=2) + "\n")

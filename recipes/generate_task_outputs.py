@@ -122,8 +122,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    target, tokenizer = load_models(args.models, args.dtype, args.threads)
+    target, tokenizer = load_models(args.models, args.dtype, args.threads)  # sets torch's threads too
     if args.out is None:
         args.out = (
             REPO_ROOT / "artifacts" / ("task-outputs" if args.models == "smollm2" else f"task-outputs-{args.models}")
