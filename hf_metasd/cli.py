@@ -2,7 +2,7 @@
 
 ```bash
 hf-metasd demo [--prompt TEXT] [--max-new-tokens 96]
-hf-metasd bench [--quick] [--mixed] [--out bench_results]
+hf-metasd bench [--quick] [--mixed] [--prompts FILE.jsonl] [--out bench_results]
 ```
 """
 
@@ -80,6 +80,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--tasks", nargs="*", default=None)
+    p.add_argument(
+        "--prompts",
+        default=None,
+        metavar="FILE.jsonl",
+        help='your own prompts instead of Spec-Bench + HumanEval: one {"task": ..., "prompt": ...} object per line '
+        "(--tasks / --per-task select among them; default: all)",
+    )
     p.add_argument("--out", default="bench_results")
     return parser
 

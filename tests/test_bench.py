@@ -251,3 +251,60 @@ def test_the_qwen_pool_corpus_ships_in_binary_form_and_matches_its_record():
     assert len(documents) == sum(t["prompts"] for t in record["per_task"].values())
     assert drafter.index.max_token_id < 151_936  # Qwen2.5's vocabulary
     assert sorted(p.name for p in QWEN_CORPUS_DIR.iterdir()) == ["corpus.json", "corpus.safetensors"]
+
+
+def test_bench_runs_a_users_own_prompts_file(bench_setup, target, tmp_path, monkeypatch):
+    from hf_metasd.benchmark import offline, run
+    from hf_metasd.pool import DrafterPool
+
+    pool, _, encode = bench_setup
+    lines = [
+        {"task": "chat", "prompt": "0"},
+        {"task": "code", "prompt": "1", "id": "mine"},
+        {"task": "chat", "prompt": "2"},
+    ]
+    path = tmp_path / "mine.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
+    monkeypatch.setattr(run, "load_models", lambda *args: (target, None))
+    monkeypatch.setattr(run, "load_pool", lambda *args: DrafterPool(pool, target=target))
+    monkeypatch.setattr(offline, "chat_prompt", encode)
+    printed = []
+    out = tmp_path / "out"
+    code = run.run_benchmark(
+        prompts=path, out=out, quick=True, policies=[], max_new_tokens=6, per_task=1, print_fn=printed.append
+    )
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    ids = {r["prompt_id"] for r in results["records"]}
+    assert ids == {"mine.jsonl/1", "mine"}  # per_task=1 keeps the first `chat` prompt and the `code` one
+    assert results["meta"]["prompts"] == str(path)
+    assert {"chat", "code"} <= set(results["summary"]["metasd"])
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("not json\n", r"every line of `prompts` must be a JSON object, but bad.jsonl line 1 is not JSON"),
+        ('{"task": "a"}\n', r"must be an object with string keys `task` and `prompt`, but bad.jsonl line 1 is"),
+        ('{"task": "a", "prompt": " "}\n', r"a prompt must have 1 to 200000 characters, but bad.jsonl line 1 has 1\."),
+        ("\n", r"`prompts` must hold at least one prompt, but bad.jsonl has none\. Add lines\."),
+    ],
+)
+def test_a_bad_prompts_file_is_refused_before_any_model_loads(tmp_path, text, message):
+    from hf_metasd.benchmark.run import run_benchmark
+
+    path = tmp_path / "bad.jsonl"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        run_benchmark(models="no-such-models", prompts=path)  # raised before the models are loaded
+
+
+def test_a_prompts_file_refuses_tasks_it_does_not_hold(tmp_path):
+    from hf_metasd.benchmark.prompts import load_prompts_file
+
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"task": "a", "prompt": "x"}\n')
+    with pytest.raises(ValueError, match=r"`tasks` must be tasks of p.jsonl \['a'\], but has \['b'\]\. "):
+        load_prompts_file(path, tasks=["b"])
+    with pytest.raises(FileNotFoundError, match=r"`prompts` must be a JSON Lines file, but .* is not a file"):
+        load_prompts_file(tmp_path / "missing.jsonl")

@@ -7,10 +7,17 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 
-__all__ = ["BENCH_TASKS", "BenchPrompt", "load_bench_prompts", "mixed_stream"]
+__all__ = ["BENCH_TASKS", "BenchPrompt", "load_bench_prompts", "load_prompts_file", "mixed_stream"]
+
+#: The most prompts and characters per prompt `load_prompts_file` reads (a guard against a wrong file, not a limit of
+#: the benchmark: split a larger set into several runs).
+MAX_FILE_PROMPTS = 10_000
+MAX_PROMPT_CHARS = 200_000
 
 #: Spec-Bench's MT-Bench sub-categories, counted as one task.
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
@@ -64,6 +71,81 @@ def load_bench_prompts(
     for prompt in _read_spec_bench() + _read_humaneval():
         by_task[prompt.task].append(prompt)
     return [p for t in tasks for p in (by_task[t] if per_task is None else by_task[t][:per_task])]
+
+
+def load_prompts_file(
+    path: str | Path, tasks: Sequence[str] | None = None, per_task: int | None = None
+) -> list[BenchPrompt]:
+    r"""A user's own prompts from a JSON Lines file: one ``{"task": str, "prompt": str}`` object per line (an ``"id"``
+    is optional; by default ``<file name>/<line number>``). Blank lines are skipped. Tasks are free names (they group
+    the benchmark's per-task table); `tasks` keeps only those, and `per_task` the first that many of each, in file
+    order.
+
+    Example:
+        >>> import json, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "mine.jsonl")
+        >>> rows = [{"task": "chat", "prompt": "Hi!"}, {"task": "code", "prompt": "def f():", "id": "f"}]
+        >>> _ = open(path, "w").write("\n".join(json.dumps(r) for r in rows))
+        >>> [(p.task, p.id, p.text) for p in load_prompts_file(path)]
+        [('chat', 'mine.jsonl/1', 'Hi!'), ('code', 'f', 'def f():')]
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"`prompts` must be a JSON Lines file, but {str(path)!r} is not a file. Check the path."
+        )
+    out: list[BenchPrompt] = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path.name} line {number}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"every line of `prompts` must be a JSON object, but {where} is not JSON ({error.msg}). "
+                    'Write one {"task": ..., "prompt": ...} object per line.'
+                ) from None
+            if (
+                not isinstance(row, dict)
+                or not isinstance(row.get("task"), str)
+                or not isinstance(row.get("prompt"), str)
+            ):
+                raise ValueError(
+                    f"every line of `prompts` must be an object with string keys `task` and `prompt`, but {where} is "
+                    f'{line.strip()[:80]!r}. Write one {{"task": ..., "prompt": ...}} object per line.'
+                )
+            if not row["prompt"].strip() or len(row["prompt"]) > MAX_PROMPT_CHARS:
+                raise ValueError(
+                    f"a prompt must have 1 to {MAX_PROMPT_CHARS} characters, but {where} has {len(row['prompt'])}. "
+                    "Fix or drop that line."
+                )
+            out.append(BenchPrompt(row["task"], str(row.get("id", f"{path.name}/{number}")), row["prompt"]))
+            if len(out) > MAX_FILE_PROMPTS:
+                raise ValueError(
+                    f"`prompts` must hold at most {MAX_FILE_PROMPTS} prompts, but {path.name} has more. "
+                    "Split it into several runs."
+                )
+    if not out:
+        raise ValueError(f"`prompts` must hold at least one prompt, but {path.name} has none. Add lines.")
+    if tasks:
+        unknown = sorted(set(tasks) - {p.task for p in out})
+        if unknown:
+            raise ValueError(
+                f"`tasks` must be tasks of {path.name} {sorted({p.task for p in out})}, but has {unknown}. "
+                "Drop or fix those names."
+            )
+        out = [p for p in out if p.task in tasks]
+    if per_task is not None:
+        seen: dict[str, int] = {}
+        kept = []
+        for p in out:
+            seen[p.task] = seen.get(p.task, 0) + 1
+            if seen[p.task] <= per_task:
+                kept.append(p)
+        out = kept
+    return out
 
 
 def mixed_stream(prompts: list[BenchPrompt]) -> list[BenchPrompt]:

@@ -319,9 +319,14 @@ def run_benchmark(
     hf_assisted: str = "kinds",
     untrained: int = 0,
     policies: Sequence[str] | None = None,
+    prompts: str | Path | None = None,
     print_fn: Callable[[str], None] = print,
 ) -> int:
     """`hf-metasd bench`: every method on Spec-Bench + HumanEval prompts; writes results, a table and plots to `out`.
+
+    `prompts`, a JSON Lines file of ``{"task": ..., "prompt": ...}`` objects (`load_prompts_file`), replaces the
+    shipped prompts with the user's own (`tasks` and `per_task` then select among that file's; by default every
+    prompt of it).
 
     With `untrained` > 0 the pool is that many untrained drafters (`untrained_drafters`) instead: MetaSD must then
     run at about plain decoding speed. `policies` names the `DEFAULT_POLICIES` methods to run besides ``metasd``
@@ -331,9 +336,12 @@ def run_benchmark(
     from ..pool import DrafterPool
     from .methods import DEFAULT_POLICIES, build_methods, untrained_drafters
     from .offline import embedded_pool_path
-    from .prompts import BENCH_TASKS, load_bench_prompts, mixed_stream
+    from .prompts import BENCH_TASKS, load_bench_prompts, load_prompts_file, mixed_stream
     from .report import write_report
 
+    # the user's prompts are read (and refused) before any model loads
+    prompts_file = prompts
+    own_prompts = None if prompts_file is None else load_prompts_file(prompts_file, tasks, per_task)
     chosen = select_policies(policies, DEFAULT_POLICIES if not (quick or untrained) else DEFAULT_POLICIES[:2])
     check_drafter_dtype(drafter_dtype, models, pool)
     start = time.perf_counter()
@@ -344,7 +352,10 @@ def run_benchmark(
         the_pool = load_pool(target, models, pool, dtype, tokenizer, drafter_dtype)
     per_task = per_task if per_task is not None else (1 if quick else 3)
     max_new = max_new_tokens if max_new_tokens is not None else (48 if quick else 64)
-    prompts = load_bench_prompts(tuple(tasks or BENCH_TASKS), per_task=per_task)
+    if own_prompts is not None:
+        prompts = own_prompts
+    else:
+        prompts = load_bench_prompts(tuple(tasks or BENCH_TASKS), per_task=per_task)
     if mixed:
         prompts = mixed_stream(prompts)
     num_tokens = num_assistant_tokens or the_pool.num_assistant_tokens
@@ -371,6 +382,7 @@ def run_benchmark(
             "dtype": dtype,
             "drafter_dtype": drafter_dtype or dtype,
             "pool": f"{untrained} untrained drafters" if untrained else str(pool or embedded_pool_path()),
+            "prompts": "Spec-Bench + HumanEval" if own_prompts is None else str(prompts_file),
             "per_task": per_task,
             "defaults": the_pool.generate_kwargs(),
             "num_assistant_tokens": num_tokens,
