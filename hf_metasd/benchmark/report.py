@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ..stats import TIME_PARTS
-from .run import BenchRecord
+from .records import BenchRecord
 
 __all__ = ["machine", "summarize", "write_report"]
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from .._validation import check_real, check_unit_reward
+from .mapping import POLICY_REGISTRY
 
 __all__ = ["IndexPolicy", "Policy", "PolicySettings", "setting"]
 
@@ -348,8 +349,6 @@ class Policy(ABC):
             ([1, 0], [0.7, 0.0])
         """
         if not self.supports_prior:
-            from .registry import POLICY_REGISTRY  # a late import: the registry imports this module
-
             accepting = sorted(name for name, cls in POLICY_REGISTRY.items() if cls.supports_prior)
             raise TypeError(
                 f"`set_prior` needs a policy that estimates a mean reward per drafter, but {self.name!r} "

@@ -9,11 +9,9 @@ from typing import Any
 
 from ..errors import UnknownPolicyError, UnknownPolicySettingError
 from .base import Policy
+from .mapping import POLICY_REGISTRY
 
 __all__ = ["POLICY_REGISTRY", "get_policy", "register_policy"]
-
-#: name -> Policy subclass. Starts empty; each policy module registers itself.
-POLICY_REGISTRY: dict[str, type[Policy]] = {}
 
 
 def register_policy(cls: type[Policy] | None = None, *, name: str | None = None):
