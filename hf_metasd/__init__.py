@@ -4,8 +4,7 @@ Importing the package changes nothing in transformers; call `hf_metasd.enable()`
 `assistant_models=[...]`, or pass `custom_generate=hf_metasd.generate`.
 """
 
-__version__ = "0.1.0.dev0"
-
+from ._version import __version__
 from .candidate_generator import MetaCandidateGenerator
 from .drafters import (
     CorpusDrafter,
