@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from .._validation import check_real
+from .._version import __version__
 from ..drafters import DRAFTER_KINDS, unique_names
 from ..errors import InvalidPoolError, MetaSDConfigError
 from ..generation import DEFAULTS
