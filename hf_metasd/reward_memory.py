@@ -22,7 +22,9 @@ mean was measured here. A call still learns its own rewards on top, so the prior
 What is learnt stays in the process (a per-target cache, like `hf_metasd.costs.CostModel`'s costs), changes no output
 (the target verifies every token), and is off with ``meta_learned_priors=False``. `clear_reward_memory` forgets it;
 `reward_memory_scope` keeps separate memories side by side (the bench runs each method in its own, so that a method
-learns only from its own calls).
+learns only from its own calls). A drafter's rewards are kept by the object holding its weights or corpus
+(`hf_metasd.costs.object_key`, shared by the drafter's per-call copies) for as long as that object lives: a brand-new
+drafter starts from nothing, even where it reuses a freed one's memory address.
 
 Example:
     >>> import torch
@@ -91,7 +93,8 @@ class RewardMemory:
     """Counted rewards per arm, shared by every call with the same target, arm key and context (module docstring).
 
     Args:
-        keys: one hashable key per arm, identifying the drafter across calls (the cost model's keys).
+        keys: one hashable key per arm, identifying the drafter across calls (the cost model's keys; entries whose
+            key holds the `hf_metasd.costs.object_key` of a collected object are swept out, see `target_cache`).
         context: what else a reward depends on (reward name, draft length, decoding mode); the thread count is added.
         target: the target whose memory to read and write; ``None`` (or an object that cannot be weakly referenced):
             a memory of this instance alone.

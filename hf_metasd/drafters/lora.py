@@ -201,7 +201,7 @@ class LoraDrafter(ModelDrafter):
     # ------------------------------------------------------------------ pool config round trip
     def spec_group(self) -> Hashable | None:
         """Arms of the same peft model (standing next to each other in the pool) make one entry."""
-        return ("peft_model", id(self.peft_model))
+        return ("peft_model", id(self.peft_model))  # compared at once, while the pool holds every arm's model
 
     @classmethod
     def to_spec(cls, group: list[Drafter], ctx: SaveContext) -> DrafterSpec:
@@ -231,7 +231,7 @@ class LoraDrafter(ModelDrafter):
         }
         if store:
             params["base"], params["adapters_dir"] = "base", "adapters"
-            key = ("lora_base", id(peft_model))
+            key = ("lora_base", id(peft_model))  # `ctx` lasts one save, while the pool holds the model: no reuse
             folder = ctx.shared.get(key)
             if folder is None:
                 folder = ctx.shared[key] = ctx.folder("lora", name)

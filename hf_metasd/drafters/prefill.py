@@ -97,6 +97,8 @@ def crossover(stored: tuple[float, float], float32: tuple[float, float], margin:
     return max(SHORTEST_CATCH_UP, math.floor(offset / slope) + 1)
 
 
+#: (architecture, parameter shapes, dtype, threads, margin) -> the choice: kept per architecture, not per drafter (no
+#: object's id in the key), so a new drafter of a measured architecture reuses it and the map grows only with new ones.
 _CHOICES: dict[tuple[Any, ...], PrefillChoice] = {}
 _CHOICES_LOCK = threading.Lock()
 
