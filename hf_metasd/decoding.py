@@ -1,7 +1,7 @@
 """The draft-and-verify loop of a MetaSD call: transformers' assisted decoding, with plain `generate`'s stopping.
 
 It follows `GenerationMixin._assisted_decoding` step for step (transformers' own input preparation, cache handling,
-logits processing and speculative sampling helpers are reused), with three differences that make the output the
+logits processing and speculative sampling helpers are reused), with five differences that make the output the
 one plain `generate` returns:
 
 * **Stopping criteria are evaluated at every new position, in order, and the output is cut at the first position
@@ -11,6 +11,12 @@ one plain `generate` returns:
 * **The streamer receives the kept tokens only**, round by round, then `end()`.
 * **A round with no candidates is a plain target step** (the no-draft arm, or a drafter that abstained): one token
   through the target, nothing to verify.
+* **A cache passed in is continued, as plain `generate`'s prefill does** (transformers' assisted decoding feeds the
+  whole prompt again on top of it): the first round feeds the prompt positions the cache does not hold
+  (`uncached_prompt_length`), and the user's cache ends holding every position but the last, as plain `generate`
+  leaves it.
+* **`output_hidden_states` / `output_attentions` are split per token at the rows that produced each token**
+  (`_split_steps`; transformers' `_split_model_outputs` takes the first round's later tokens from the prompt's rows).
 
 The candidate generator is the one seam: ``get_candidates`` before the target's forward pass,
 ``update_candidate_strategy`` after acceptance.
@@ -27,9 +33,11 @@ from transformers.generation.candidate_generator import (
     _prepare_position_ids,
     _prepare_token_type_ids,
 )
-from transformers.generation.utils import GenerateDecoderOnlyOutput, _speculative_sampling, _split_model_outputs
+from transformers.generation.utils import GenerateDecoderOnlyOutput, _speculative_sampling
 
-__all__ = ["assisted_decoding"]
+from .errors import MetaSDConfigError
+
+__all__ = ["assisted_decoding", "uncached_prompt_length"]
 
 _CACHE_NAMES = ("cache", "past_key_values")
 
@@ -45,6 +53,57 @@ def _first_stop(
         if bool(stopping_criteria(prefix, seen).any()):
             return i
     return None
+
+
+def uncached_prompt_length(input_ids: torch.LongTensor, model_kwargs: dict[str, Any], generation_config: Any) -> int:
+    """How many of the last positions of `input_ids` the first forward pass feeds: those the target's cache lacks.
+
+    As in plain `generate`'s prefill: with a cache passed in (continuing a conversation), `input_ids` is the whole
+    conversation and the cache holds its first positions, so only the rest is fed; when the attention mask is longer
+    than `input_ids`, `input_ids` holds only the new tokens (the mask covers the cached positions too) and all of it
+    is fed. Without a cache, or with an empty one, the whole prompt is fed.
+
+    Raises:
+        MetaSDConfigError: the cache holds every position of `input_ids` (no token left to predict the next from).
+    """
+    length = input_ids.shape[1]
+    cache = model_kwargs.get("cache")
+    cached = 0 if cache is None else cache.get_seq_length()
+    if cached == 0:
+        return length
+    mask = model_kwargs.get("attention_mask")
+    # transformers drops an all-ones mask before decoding and records its length here
+    mask_length = mask.shape[1] if mask is not None else getattr(generation_config, "_mask_length", None)
+    if mask_length is not None and mask_length != length:
+        return length
+    if cached >= length:
+        raise MetaSDConfigError(
+            f"`cache` must hold fewer positions than `input_ids` ({length}), but holds {cached}. Pass the whole "
+            "conversation as `input_ids` (the cached positions, then the new ones), or only the new tokens with an "
+            "`attention_mask` over the whole conversation."
+        )
+    return length - cached
+
+
+def _split_steps(
+    steps: tuple, layers: tuple[torch.Tensor, ...], *, lead: int, kept: int, cached: int, attention: bool
+) -> tuple:
+    """`steps` plus one tuple per kept token, of every layer's hidden states (or attentions) for that token, as plain
+    `generate` returns them.
+
+    `layers` come from one forward pass over ``lead + n`` rows on a cache of `cached` positions: the first kept
+    token was predicted at row `lead` (the last uncached prompt position in the first round, else 0), the k-th at row
+    ``lead + k``. Plain `generate` produced the first kept token of the call from the whole prompt pass (rows
+    ``0 .. lead``) and every other token from a pass over one row; a row's attentions reach the keys of the cache and
+    of the rows up to it.
+    """
+    for k in range(kept):
+        start, end = (0, lead + 1) if k == 0 else (lead + k, lead + k + 1)
+        if attention:
+            steps += (tuple(layer[..., start:end, : cached + end] for layer in layers),)
+        else:
+            steps += (tuple(layer[:, start:end] for layer in layers),)
+    return steps
 
 
 def assisted_decoding(
@@ -75,6 +134,11 @@ def assisted_decoding(
     if cache is None:
         raise RuntimeError("MetaSD decoding needs the target's cache, but `generate` prepared none.")
     cache.activate_past_recording()
+    # the first pass feeds only the prompt positions a cache passed in lacks; the attention mask may also cover
+    # cached positions before `input_ids` (only the new tokens passed): that part is kept as it is
+    prompt_fed = uncached_prompt_length(input_ids, model_kwargs, generation_config)
+    mask = model_kwargs.get("attention_mask")
+    mask_offset = 0 if mask is None else mask.shape[1] - input_ids.shape[1]
     stats = candidate_generator.stats
     do_sample = generation_config.do_sample
     return_dict = generation_config.return_dict_in_generate
@@ -114,14 +178,19 @@ def assisted_decoding(
 
             # 2. the target's forward pass over the last token and the candidates
             candidate_kwargs = copy.copy(model_kwargs)
-            candidate_kwargs = _prepare_attention_mask(candidate_kwargs, candidate_ids.shape[1], False)
+            candidate_kwargs = _prepare_attention_mask(candidate_kwargs, mask_offset + candidate_ids.shape[1], False)
             candidate_kwargs = _prepare_token_type_ids(candidate_kwargs, candidate_ids.shape[1])
             if (position_ids := candidate_kwargs.get("position_ids")) is not None and candidate_length > 0:
                 new_length = candidate_length + position_ids.shape[-1]
                 candidate_kwargs = _prepare_position_ids(candidate_kwargs, new_length, False)
+            if is_first_iteration:
+                fed = None if prompt_fed == cur_len else prompt_fed + candidate_length
+            else:
+                fed = candidate_length + 1
+            cached = model_kwargs["cache"].get_seq_length()
             model_inputs = model.prepare_inputs_for_generation(
                 candidate_ids,
-                next_sequence_length=None if is_first_iteration else candidate_length + 1,
+                next_sequence_length=fed,
                 is_first_iteration=is_first_iteration,
                 **candidate_kwargs,
             )
@@ -186,11 +255,11 @@ def assisted_decoding(
                 scores += tuple(round_scores[:kept])
             if output_logits:
                 raw_logits += tuple(next_token_logits[:, i, :] for i in range(kept))
-            added = cur_len + kept if is_first_iteration else kept
+            split = {"lead": prompt_fed - 1 if is_first_iteration else 0, "kept": kept, "cached": cached}
             if output_attentions and outputs.attentions is not None and outputs.attentions[0] is not None:
-                attentions = _split_model_outputs(attentions, outputs.attentions, cur_len, added, True)
+                attentions = _split_steps(attentions, outputs.attentions, **split, attention=True)
             if output_hidden_states and outputs.hidden_states is not None:
-                hidden_states = _split_model_outputs(hidden_states, outputs.hidden_states, cur_len, added)
+                hidden_states = _split_steps(hidden_states, outputs.hidden_states, **split, attention=False)
         is_first_iteration = False
 
     if streamer is not None:
