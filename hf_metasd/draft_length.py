@@ -36,7 +36,7 @@ is cut afterwards: its acceptance is also counted per *match class* :math:`c` of
 
 shrunk towards the arm's own rates (a class never seen reads the arm's). A weak match is then cut short while a long copy drafts the cap:
 on the default target's dev answers (greedy, the embedded pool's corpus_all, 16-token proposals) a one-token match
-had 0.96 of them accepted on average and one of 9-16 tokens 5.44 (`recipes/match_classes.py`, docs/concepts.md).
+had 0.96 of them accepted on average and one of 9-16 tokens 5.44 (`recipes/studies/match_classes.py`, docs/concepts.md).
 
 Costs and acceptance counts are kept per process and per target (as `hf_metasd.costs.CostModel` keeps round costs),
 so a later call starts from what earlier ones measured. Ties go to the longer draft. ``"fixed"`` drafts

@@ -3,7 +3,7 @@
 A verification pass feeds the target the last token plus the N drafted ones, so every linear layer multiplies a
 ``(rows, in_features)`` activation, rows = N + 1, by its ``(out_features, in_features)`` weight. On x86 CPUs, the
 float32 GEMM that ``torch.nn.functional.linear`` dispatches to (MKL) handles 2 to 8 rows far worse than one row: on
-the 2-core machine of the benchmark (`python recipes/bench_verify_cost.py`, SmolLM2-135M after a 64-token prompt), a
+the 2-core machine of the benchmark (`python recipes/benchmarks/bench_verify_cost.py`, SmolLM2-135M after a 64-token prompt), a
 4-token pass took 63.2 ms against 41.0 ms for one token. The same product computed the other way round,
 
 $$Y = X W^\\top = (W X^\\top)^\\top,$$
@@ -14,7 +14,7 @@ and 2 to 5 tokens cost 0.87-1.07 one-token steps (the recipe prints both columns
 The product's result is copied to a contiguous ``(rows, out_features)`` tensor (a few kilobytes). Left as the
 transposed view, its last dimension has stride ``rows``, and every op after it pays: the query, key and value then
 reach `torch.nn.functional.scaled_dot_product_attention` with a strided last dimension, which sends it from the
-flash kernel to the math fallback (`python recipes/bench_verify_cost.py` shows the pass cost on your machine).
+flash kernel to the math fallback (`python recipes/benchmarks/bench_verify_cost.py` shows the pass cost on your machine).
 
 The result is the same product in float32 with another summation order (differences of a few ulp, as between any
 two GEMM kernels). `skinny_linear` applies it, for the duration of one call, to the `torch.nn.Linear` layers of a
@@ -46,7 +46,7 @@ $$y = \\big(W\\,[x;\\,x]^\\top\\big)^\\top_{0},$$
 because on some CPUs a one-column matrix-vector product is the slow case: on a 2-core AMD EPYC with AVX-512, the
 SmolLM2-135M output layer (49152 x 576) took 11.2 ms for one row and 4.8 ms for two rows the transposed way (median
 of 100, `torch.mm`), and a whole two-token pass was cheaper than a one-token one (`python
-recipes/bench_verify_cost.py`). A one-token pass starts on the stock kernel (what plain `generate` runs), tries the
+recipes/benchmarks/bench_verify_cost.py`). A one-token pass starts on the stock kernel (what plain `generate` runs), tries the
 repeated row once, then keeps the cheaper by the same rule; on machines where it does not pay it is tried
 :math:`O(\\log n)` times per process.
 """

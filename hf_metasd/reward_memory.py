@@ -3,7 +3,7 @@ r"""`RewardMemory`: the mean reward each arm earned in earlier calls of this pro
 A fresh policy per call (the paper's protocol, and ``meta_policy="ucb_scaled"``) knows nothing at round 1: every
 drafter without a prior is pulled once, and a model drafter's first pull also pays its prompt prefill. On a 64-token
 answer of ~30 rounds that exploration is a large part of the call, and it is paid again by every call, though the
-drafters are the same. Pools built with `recipes/build_default_pool.py` ship priors measured on dev prompts; a pool
+drafters are the same. Pools built with `recipes/pools/build_default_pool.py` ship priors measured on dev prompts; a pool
 of your own drafters (``assistant_models=[d1, d2]``) has none.
 
 So every call records the rewards its policy learnt from (pulls and side observations, `Policy.update` and

@@ -44,7 +44,7 @@ def test_run_and_report(bench_setup, target, tmp_path):
     assert all(r.new_tokens == 10 for r in records)
     auto = [r for r in records if r.method == "autoregressive"]
     assert all(r.target_forwards == 10 for r in auto)  # one forward per token
-    # MetaSD rows keep each round's drafted and accepted counts (`recipes/bench_goals.py --diagnose` reads them)
+    # MetaSD rows keep each round's drafted and accepted counts (`recipes/benchmarks/bench_goals.py --diagnose` reads them)
     meta = [r for r in records if r.arms]
     assert meta and all(len(r.drafted) == len(r.accepted) == len(r.arms) for r in meta)
     assert all(a <= d for r in meta for a, d in zip(r.accepted, r.drafted))
@@ -224,7 +224,7 @@ def test_drafter_dtype_is_refused_for_pools_that_store_their_dtypes_before_loadi
 
 
 def test_the_qwen_pool_priors_name_its_arms_and_follow_the_recipes_formula():
-    # `recipes/qwen_pool_priors.py`: prior = (speed alone over plain) / (N + 1), the no-draft arm 1 / (N + 1)
+    # `recipes/pools/qwen_pool_priors.py`: prior = (speed alone over plain) / (N + 1), the no-draft arm 1 / (N + 1)
     from hf_metasd.benchmark.run import QWEN_ARMS, QWEN_POOL_FILE
     from hf_metasd.generation import DEFAULTS
     from hf_metasd.pool.config import validate_priors
@@ -240,7 +240,7 @@ def test_the_qwen_pool_priors_name_its_arms_and_follow_the_recipes_formula():
 
 
 def test_the_qwen_pool_corpus_ships_in_binary_form_and_matches_its_record():
-    # `recipes/build_qwen_corpus.py`: the 1.5B target's own answers, one corpus over every task, no JSON of tokens
+    # `recipes/pools/build_qwen_corpus.py`: the 1.5B target's own answers, one corpus over every task, no JSON of tokens
     from hf_metasd.benchmark.run import QWEN_CORPUS_DIR
     from hf_metasd.drafters import CorpusDrafter
 

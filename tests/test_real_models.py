@@ -31,7 +31,7 @@ def test_embedded_pool_is_shipped_and_loads(real):
     card = embedded_pool_path().joinpath("README.md").read_text()
     names = [d.name for d in pool.drafters]
     assert names == [entry["name"] for entry in config["drafters"]]
-    # the arms, in the order recipes/build_default_pool.py kept them, are those its report records
+    # the arms, in the order recipes/pools/build_default_pool.py kept them, are those its report records
     report = json.loads((Path(__file__).resolve().parents[1] / "docs/assets/bench/pool_build.json").read_text())
     assert names == report["arms"]
     assert {d.kind for d in pool.drafters} <= {"corpus", "assistant_model", "prompt_lookup"}

@@ -1,40 +1,76 @@
-"""Every recipe imports: a recipe that names a module or function the package no longer has fails here, in CI,
-not when a user runs it (recipes are scripts; their `main` is not run, only their imports)."""
+"""Every recipe runs: a recipe that names a module or function the package (or another recipe) no longer has, or
+that cannot find the recipes it imports once moved, fails here, in CI, not when a user runs it. Recipes are scripts;
+only their `--help` is run, never their work. Every recipe path the docs name exists (or is marked retired)."""
 
 from __future__ import annotations
 
+import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = REPO / "recipes"
+GROUPS = {"pools", "benchmarks", "studies"}
 
 
-def test_every_recipe_imports():
-    names = sorted(p.stem for p in RECIPES.glob("*.py"))
-    assert "tune_policy" in names and "compare_policies" in names
-    # one interpreter for all of them (torch and transformers load once); recipes import each other from recipes/
+def recipe(name: str):
+    """The recipe module `recipes.<name>` (e.g. ``"benchmarks.bench_goals"``), imported as recipes import each other."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    return importlib.import_module(f"recipes.{name}")
+
+
+def test_every_recipe_runs_its_help_as_a_script_from_its_group_folder(tmp_path):
+    paths = sorted(str(p) for p in RECIPES.glob("*/*.py"))
+    assert not list(RECIPES.glob("*.py")), "a recipe belongs in a group folder"
+    assert {Path(p).parent.name for p in paths} == GROUPS
+    # one interpreter for all of them (torch and transformers load once). Each runs as `python recipes/<group>/<name>.py
+    # --help` would: its own folder first on sys.path, not the repository root (the working directory is tmp_path),
+    # and no recipe imported yet, so that a recipe that does not put the root on sys.path itself fails.
     code = (
-        "import importlib, sys\n"
-        f"sys.path.insert(0, {str(RECIPES)!r})\n"
-        "failed = []\n"
-        f"for name in {names!r}:\n"
+        "import contextlib, io, os, runpy, sys\n"
+        "base, failed = list(sys.path), []\n"
+        f"for path in {paths!r}:\n"
+        "    sys.path[:] = [os.path.dirname(path), *base]\n"
+        "    for name in [m for m in sys.modules if m == 'recipes' or m.startswith('recipes.')]:\n"
+        "        del sys.modules[name]\n"
+        "    sys.argv = [path, '--help']\n"
         "    try:\n"
-        "        importlib.import_module(name)\n"
+        "        with contextlib.redirect_stdout(io.StringIO()):\n"
+        "            runpy.run_path(path, run_name='__main__')\n"
+        "    except SystemExit as error:\n"
+        "        if error.code not in (0, None):\n"
+        "            failed.append(f'{path}: exit {error.code}')\n"
         "    except Exception as error:\n"
-        "        failed.append(f'{name}: {type(error).__name__}: {error}')\n"
+        "        failed.append(f'{path}: {type(error).__name__}: {error}')\n"
         "print('\\n'.join(failed))\n"
         "sys.exit(1 if failed else 0)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, f"recipes that do not import:\n{result.stdout}{result.stderr[-2000:]}"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, f"recipes that do not run:\n{result.stdout}{result.stderr[-2000:]}"
+
+
+def test_every_recipe_path_the_docs_name_exists_or_is_marked_retired():
+    sources = [REPO / "README.md", REPO / "CONTRIBUTING.md", REPO / "mkdocs.yml", *RECIPES.rglob("*.md")]
+    sources += [*(REPO / "docs").rglob("*.md"), *(REPO / "docs").rglob("*.py"), *(REPO / "hf_metasd").rglob("*.py")]
+    sources += [*(REPO / "hf_metasd").rglob("README.md"), *RECIPES.rglob("*.py"), *(REPO / "tests").glob("*.py")]
+    missing = []
+    for source in sources:
+        text = source.read_text()
+        for match in re.finditer(r"recipes/([\w/]+)\.py|recipes\.(\w+)\.(\w+)", text):
+            name = match[1] or f"{match[2]}/{match[3]}"
+            retired = re.match(r"`? \(retired", text[match.end() :])  # "`recipes/x.py` (retired; in git history ..."
+            if not (RECIPES / f"{name}.py").is_file() and not retired:
+                missing.append(f"{source.relative_to(REPO)}: {match[0]}")
+    assert not missing, "recipe paths that do not exist:\n" + "\n".join(missing)
 
 
 def test_bench_goals_reads_the_goal_figures_from_results():
-    sys.path.insert(0, str(RECIPES))
-    from bench_goals import goals
+    goals = recipe("benchmarks.bench_goals").goals
 
     def record(method, prompt, task, seconds, split=None):
         return {"method": method, "prompt_id": prompt, "task": task, "seconds": seconds, "time_split": split or {}}
@@ -64,8 +100,7 @@ def test_bench_goals_reads_the_goal_figures_from_results():
 
 
 def test_bench_goals_arms_reports_each_arm_alone_and_the_methods_rounds():
-    sys.path.insert(0, str(RECIPES))
-    from bench_goals import arms
+    arms = recipe("benchmarks.bench_goals").arms
 
     def record(method, seconds, passes, drafted=(), accepted=(), arms=(), split=None):
         return {
@@ -97,8 +132,7 @@ def test_bench_goals_arms_reports_each_arm_alone_and_the_methods_rounds():
 
 
 def test_bench_goals_diagnosis_splits_each_ratio_into_passes_and_cost_per_pass():
-    sys.path.insert(0, str(RECIPES))
-    from bench_goals import diagnose
+    diagnose = recipe("benchmarks.bench_goals").diagnose
 
     def record(method, task, seconds, passes, drafted, split):
         return {
@@ -147,8 +181,8 @@ def test_acceptance_matrix_merged_corpus_holds_every_tasks_documents_cut_like_ea
 
     import torch
 
-    sys.path.insert(0, str(RECIPES))
-    from acceptance_matrix import MERGED, corpus_drafters, merged_corpus
+    matrix = recipe("pools.acceptance_matrix")
+    MERGED, corpus_drafters, merged_corpus = matrix.MERGED, matrix.corpus_drafters, matrix.merged_corpus
 
     torch.save({"outputs": [[1, 2, 3, 4], [5, 6]]}, tmp_path / "code.pt")
     torch.save({"outputs": [[7, 8, 9]]}, tmp_path / "qa.pt")

@@ -37,7 +37,7 @@ target = tiny_llama(0, layers=2)
 
 # --8<-- [start:adapters]
 # One small drafter base: here the target's first layer, embeddings, norm and head copied into a 1-layer model. On it,
-# three adapters (in practice: one LoRA fine-tuned per task, e.g. with recipes/train_drafters.py, loaded with
+# three adapters (in practice: one LoRA fine-tuned per task, e.g. with recipes/pools/train_drafters.py, loaded with
 # `peft.PeftModel.from_pretrained` / `load_adapter` or `hf_metasd.drafters.lora.load_adapters(base, {...})`). Here
 # they are random (`init_lora_weights=False`), scaled by `lora_alpha` so that they move the base a little or a lot.
 base = tiny_llama(1, layers=1)

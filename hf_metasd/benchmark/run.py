@@ -159,9 +159,9 @@ def check_drafter_dtype(drafter_dtype: str | None, models: str, pool: str | None
 #: The ``--models qwen`` pool's arm names, in order.
 QWEN_ARMS = ("qwen2.5-coder-0.5b", "smollm2-135m", "early_exit_4", "prompt_lookup", "corpus_all")
 #: The ``--models qwen`` pool's corpus (``corpus_all``): Qwen2.5-Coder-1.5B's own greedy answers to training prompts
-#: (package data, written by `recipes/build_qwen_corpus.py`).
+#: (package data, written by `recipes/pools/build_qwen_corpus.py`).
 QWEN_CORPUS_DIR = Path(__file__).resolve().parents[1] / "data" / "qwen_corpus"
-#: The ``--models qwen`` pool's priors, measured on dev prompts by `recipes/qwen_pool_priors.py` (package data).
+#: The ``--models qwen`` pool's priors, measured on dev prompts by `recipes/pools/qwen_pool_priors.py` (package data).
 QWEN_POOL_FILE = Path(__file__).resolve().parents[1] / "data" / "qwen_pool.json"
 
 

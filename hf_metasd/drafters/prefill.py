@@ -3,7 +3,7 @@
 A model drafter stored in bfloat16 (or float16) runs two kinds of forward pass: one-token drafting steps, bound by
 memory traffic, where the narrow dtype is cheaper, and multi-token catch-ups (the prompt's prefill, the tokens other
 drafters added), bound by arithmetic. On a CPU without native bfloat16 arithmetic the second kind costs several
-times its float32 cost: on this project's 2-core machine (`python recipes/bench_drafter_dtype.py`), the embedded
+times its float32 cost: on this project's 2-core machine (`python recipes/benchmarks/bench_drafter_dtype.py`), the embedded
 pool's 2-layer drafter took 865 ms in bfloat16 against 123 ms in float32 for a 600-token prefill, and 4.2 against
 5.2 ms for one step. On a CPU with bfloat16 instructions the answer can be the other way round, so nothing here is a
 constant: `choose_prefill_dtype` times the drafter's body on two chunk lengths in both dtypes, once per process for

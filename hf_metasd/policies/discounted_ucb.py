@@ -64,7 +64,7 @@ class DiscountedUCB(UCB):
     :math:`\ln(1 / (1 - \gamma))`, the bonus never shrinks the way UCB's does, so :math:`\beta = 1` keeps paying for
     exploration forever: in `hf_metasd.benchmark.simulate` (stationary rates 0.8 / 0.6 / 0.4, 5 drafted tokens, noise-free BD
     reward, 8000 tokens, 5 seeds) :math:`\beta = 1` drafted 26% of the rounds with worse drafters, :math:`\beta = 0.25`
-    4%. Hence :math:`\beta = 0.25`; rerun ``recipes/simulate_regret.py`` to compare on your own rates.
+    4%. Hence :math:`\beta = 0.25`; rerun ``recipes/studies/simulate_regret.py`` to compare on your own rates.
 
     Example:
         >>> from hf_metasd.policies import DiscountedUCB

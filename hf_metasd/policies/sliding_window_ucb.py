@@ -59,7 +59,7 @@ class SlidingWindowUCB(UCB):
     Defaults. With :math:`\ln \min(t, W)` capped at :math:`\ln W` the bonus never shrinks the way UCB's does, so
     :math:`\beta = 1` keeps re-exploring: in `hf_metasd.benchmark.simulate` (stationary rates 0.8 / 0.6 / 0.4, 5 drafted tokens,
     noise-free BD reward, 8000 tokens, 5 seeds, W = 500) :math:`\beta = 1` drafted 25% of the rounds with worse
-    drafters, :math:`\beta = 0.25` 4%. Hence :math:`\beta = 0.25`; rerun ``recipes/simulate_regret.py`` to compare on
+    drafters, :math:`\beta = 0.25` 4%. Hence :math:`\beta = 0.25`; rerun ``recipes/studies/simulate_regret.py`` to compare on
     your own rates.
 
     Example:

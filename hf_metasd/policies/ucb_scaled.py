@@ -62,13 +62,13 @@ class ScaledUCB(IndexPolicy):
     :math:`\bar\sigma \sqrt{2 \ln t} / n_i` rather than UCB's :math:`1 / \sqrt{n_i}`; a drafter whose rewards vary
     widely (one that sometimes hits) keeps a bonus sized by its own :math:`V_i`. The price: a good drafter whose first
     rounds all miss looks like a useless one until :math:`\ln t` has grown. Measured on the embedded pool over
-    development prompts (`python recipes/compare_policies.py`, 14 prompts, one run): without the pool's priors
+    development prompts (`python recipes/benchmarks/compare_policies.py`, 14 prompts, one run): without the pool's priors
     1.25x plain, as UCB at beta = 1 (1.26x); with them 1.36x, as the pool's tuned UCB (1.36x). On a pool of three
     untrained drafters (`hf-metasd bench --mixed --untrained 3`, one run each): 0.95x plain, UCB at beta = 1
     0.65x (before replayed rounds); 0.93x and 0.57x, then 0.94x and 0.59x; with learned priors
     (`hf_metasd.reward_memory`: only the first call explores) 0.96x and 0.56x in the last run
     (`docs/benchmarks.md`).
-    Pools built with `recipes/build_default_pool.py` ship priors; a `Policy` instance carried over calls (the
+    Pools built with `recipes/pools/build_default_pool.py` ship priors; a `Policy` instance carried over calls (the
     serving pattern) learns once for every call.
 
     Prior (`set_prior`): a prior mean :math:`m_i` counts as *w* rewards equal to :math:`m_i`: it adds *w* to

@@ -1,11 +1,11 @@
 """Replayed rounds on or off, simulated on the dev-prompt table: what side observations of the model-free arms buy.
 
-Reads the table `recipes/acceptance_matrix.py` writes and replays MetaSD calls with `recipes/pool_simulation.py`
+Reads the table `recipes/pools/acceptance_matrix.py` writes and replays MetaSD calls with `recipes/pools/pool_simulation.py`
 (real policies and rewards, measured costs, no target runs) for two pools, the embedded pool's first four arms and
 every candidate, under a few policies, with and without replayed rounds; prints the simulated dev speedup per task
 and overall. Simulated figures rank choices; the docs quote measured ones.
 
-    python recipes/simulate_replay.py --table artifacts/acceptance-replay/table.pt
+    python recipes/studies/simulate_replay.py --table artifacts/acceptance-replay/table.pt
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT / "recipes"))
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))  # run as a script: recipes import each other as `recipes.<group>.<name>`
 
-from build_default_pool import load_costs  # noqa: E402
-from pool_simulation import evaluate, measured_priors  # noqa: E402
-from train_drafters import TASKS  # noqa: E402
+from recipes.pools.build_default_pool import load_costs  # noqa: E402
+from recipes.pools.pool_simulation import evaluate, measured_priors  # noqa: E402
+from recipes.pools.train_drafters import TASKS  # noqa: E402
 
 #: (policy, settings, whether the pool's priors are given)
 POLICIES = [("ucb", {"beta": 0.1}, True), ("ucb_scaled", {}, True), ("ucb_scaled", {}, False), ("thompson", {}, True)]

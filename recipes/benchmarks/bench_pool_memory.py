@@ -9,8 +9,8 @@ with every arm so that KV caches exist, and reports:
 
 Run from the repository root::
 
-    python recipes/bench_pool_memory.py            # K=5, d=576, 2 layers, vocab 49,152, LoRA r=16 on 7 projections
-    python recipes/bench_pool_memory.py --arms 7 --rank 8
+    python recipes/benchmarks/bench_pool_memory.py            # K=5, d=576, 2 layers, vocab 49,152, LoRA r=16 on 7 projections
+    python recipes/benchmarks/bench_pool_memory.py --arms 7 --rank 8
 """
 
 from __future__ import annotations

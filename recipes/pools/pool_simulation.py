@@ -1,6 +1,6 @@
 """Replay MetaSD calls on recorded dev-prompt tables: choose a pool's arms and defaults fast, on this machine's costs.
 
-`recipes/acceptance_matrix.py` records, for every candidate drafter, dev prompt and position ``t`` of the target's
+`recipes/pools/acceptance_matrix.py` records, for every candidate drafter, dev prompt and position ``t`` of the target's
 greedy answer, what the drafter proposes there (its length, and how much of it the target accepts: for greedy
 decoding, the common prefix with the answer) and what drafting cost. A MetaSD call with any policy and any subset of
 those drafters is then replayed round by round without running the target: the round's arm comes from the real

@@ -11,8 +11,8 @@ wall time of `generate` for two pools:
 
 Run from the repository root::
 
-    python recipes/bench_catch_up.py                     # SmolLM2-135M-Instruct target (hf_metasd.benchmark.offline), fp32
-    python recipes/bench_catch_up.py --target synthetic  # a random SmolLM2-shaped 8-layer target, no weights needed
+    python recipes/benchmarks/bench_catch_up.py                     # SmolLM2-135M-Instruct target (hf_metasd.benchmark.offline), fp32
+    python recipes/benchmarks/bench_catch_up.py --target synthetic  # a random SmolLM2-shaped 8-layer target, no weights needed
 """
 
 from __future__ import annotations

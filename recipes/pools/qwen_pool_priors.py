@@ -1,11 +1,11 @@
 """Priors for the ``--models qwen`` pool: each arm's measured speed drafting alone on dev prompts.
 
 The embedded SmolLM2 pool ships each arm's mean `speed` reward on dev prompts as a prior
-(`recipes/build_default_pool.py`), so a policy does not have to pay a round, and a drafter's prompt prefill, to learn
+(`recipes/pools/build_default_pool.py`), so a policy does not have to pay a round, and a drafter's prompt prefill, to learn
 that an arm is poor. The ``--models qwen`` pool (Qwen2.5-Coder-1.5B target; Qwen2.5-Coder-0.5B, SmolLM2-135M through
 the tokenizer bridge, early exit, prompt lookup) is assembled in code, and without priors its first call tries every
 model arm. This recipe measures the same quantity for it with the real target, on the dev split of
-`../shared/data/train/` (`recipes/generate_task_outputs.py`'s `task_split`: never a benchmark prompt):
+`../shared/data/train/` (`recipes/pools/generate_task_outputs.py`'s `task_split`: never a benchmark prompt):
 
 .. math::
 
@@ -18,8 +18,8 @@ over the whole call instead of per round. Every output is checked against plain 
 (default `hf_metasd/data/qwen_pool.json`) is what `hf_metasd.benchmark.run.load_pool` gives the pool as its
 priors (two pseudo-observations each, as the embedded pool's).
 
-    python recipes/qwen_pool_priors.py                      # 1 dev prompt per task, 32 new tokens (the bench's shape)
-    python recipes/qwen_pool_priors.py --per-task 2 --out /tmp/qwen_pool.json
+    python recipes/pools/qwen_pool_priors.py                      # 1 dev prompt per task, 32 new tokens (the bench's shape)
+    python recipes/pools/qwen_pool_priors.py --per-task 2 --out /tmp/qwen_pool.json
 
 Needs the Qwen2.5-Coder packages of `../shared/MODELS.md` (about 9 GB of RAM), ~10 minutes on 2 cores.
 """
@@ -34,14 +34,13 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "recipes"))
-from generate_task_outputs import dev_prompts  # noqa: E402
-
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))  # run as a script: recipes import each other as `recipes.<group>.<name>`
 import hf_metasd  # noqa: E402
 from hf_metasd.benchmark.report import machine  # noqa: E402
 from hf_metasd.benchmark.run import QWEN_POOL_FILE, load_models, load_pool  # noqa: E402
 from hf_metasd.candidate_generator import NO_DRAFT  # noqa: E402
+from recipes.pools.generate_task_outputs import dev_prompts  # noqa: E402
 
 
 def main() -> None:
@@ -104,7 +103,7 @@ def main() -> None:
             "drafter_dtype": args.drafter_dtype,
             "commit": info["commit"],
             "machine": f"{info['processor']}, {info['torch_threads']} threads, torch {info['torch']}",
-            "command": "python recipes/qwen_pool_priors.py " + " ".join(sys.argv[1:]),
+            "command": "python recipes/pools/qwen_pool_priors.py " + " ".join(sys.argv[1:]),
         },
     }
     args.out.write_text(json.dumps(record, indent=2) + "\n")

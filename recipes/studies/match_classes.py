@@ -11,7 +11,7 @@ to the verification costs measured here (`acceptance_matrix.verify_costs`). It t
 per-class lengths, and prints each one's speed against plain decoding under the fitted costs. The per-class lengths
 are chosen on the same answers they are scored on: an upper bound of what `DraftLength` can learn online.
 
-    python recipes/match_classes.py                 # ~10 min the first time (dev answers), then ~1 min
+    python recipes/studies/match_classes.py                 # ~10 min the first time (dev answers), then ~1 min
 """
 
 from __future__ import annotations
@@ -24,14 +24,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT / "recipes"))
-
-import acceptance_matrix  # noqa: E402
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))  # run as a script: recipes import each other as `recipes.<group>.<name>`
 
 from hf_metasd.benchmark.offline import embedded_pool_path, load_default_target  # noqa: E402
 from hf_metasd.draft_length import match_class  # noqa: E402
 from hf_metasd.drafters import CorpusDrafter  # noqa: E402
+from recipes.pools import acceptance_matrix  # noqa: E402
 
 
 @torch.no_grad()

@@ -11,13 +11,13 @@ never extended in another ``--dtype`` than it was made in (bf16 greedy answers d
 tokens: keep them apart, or start another ``--out``). Run from the repository
 root::
 
-    python recipes/generate_task_outputs.py                       # every task (about 1 h on 2 cores, fp32)
-    python recipes/generate_task_outputs.py --tasks code --max-prompts-per-task 40
-    python recipes/generate_task_outputs.py --models qwen --max-prompts-per-task 16 --max-new-tokens 64 --batch-size 16
+    python recipes/pools/generate_task_outputs.py                       # every task (about 1 h on 2 cores, fp32)
+    python recipes/pools/generate_task_outputs.py --tasks code --max-prompts-per-task 40
+    python recipes/pools/generate_task_outputs.py --models qwen --max-prompts-per-task 16 --max-new-tokens 64 --batch-size 16
 
 ``--models qwen`` answers with Qwen2.5-Coder-1.5B-Instruct (the ``--models qwen`` bench's target; its own tokenizer, so
 its own dev split) into ``artifacts/task-outputs-qwen`` unless ``--out`` says otherwise: the corpus of the qwen pool's
-``corpus_all`` arm (built by `recipes/build_qwen_corpus.py`).
+``corpus_all`` arm (built by `recipes/pools/build_qwen_corpus.py`).
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT / "recipes"))
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))  # run as a script: recipes import each other as `recipes.<group>.<name>`
 
-from train_drafters import TASKS, shuffled_prompts  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
 from hf_metasd.benchmark.run import load_models  # noqa: E402
+from recipes.pools.train_drafters import TASKS, shuffled_prompts  # noqa: E402
 
 
 def task_split(data_dir: Path, task: str, tokenizer, seed: int, val_prompts: int, max_prompt_tokens: int):

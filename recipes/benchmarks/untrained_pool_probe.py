@@ -3,16 +3,16 @@
 With ``--embedded``, the embedded pool instead, under its own defaults with and without the confidence stop.
 
 A pool of `--drafters` untrained 2-layer drafters of the target's vocabulary (plus the no-draft arm), the first dev
-prompt of each task (`recipes/generate_task_outputs.py`'s split: never a benchmark prompt, never a training prompt),
+prompt of each task (`recipes/pools/generate_task_outputs.py`'s split: never a benchmark prompt, never a training prompt),
 greedy, `--max-new-tokens` tokens, a fresh policy per call (which, unless ``meta_learned_priors`` is off, starts from
 what the same setting's earlier calls learnt: `hf_metasd.reward_memory`). Prints the wall time of plain `generate` and of MetaSD
 under each policy setting, measured in one run on this machine, and checks every output against plain `generate`;
 then, per setting, its target passes, the tokens each pass verified (1 + drafted) and the milliseconds per pass by
 part (verification, drafting with catch-up and prefill, MetaSD's own work: policy, reward, kernel choice, replay).
 
-    python recipes/untrained_pool_probe.py
-    python recipes/untrained_pool_probe.py --embedded
-    python recipes/untrained_pool_probe.py --embedded --per-task 3 --drop general
+    python recipes/benchmarks/untrained_pool_probe.py
+    python recipes/benchmarks/untrained_pool_probe.py --embedded
+    python recipes/benchmarks/untrained_pool_probe.py --embedded --per-task 3 --drop general
 
 ``--drop ARM`` (with ``--embedded``, repeatable) adds a setting: the pool's defaults on the pool without that arm
 (its prior dropped with it), run in the same loop, so that an arm's measured contribution on dev prompts is the
@@ -41,10 +41,10 @@ from hf_metasd import DrafterPool, generation, kernels
 from hf_metasd.benchmark.methods import untrained_drafters
 from hf_metasd.benchmark.offline import load_default_target, load_embedded_pool
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "recipes"))
-from bench_goals import PARTS  # noqa: E402  (the parts of a pass -> `MetaSDStats` timers)
-from generate_task_outputs import dev_prompts  # noqa: E402
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))  # run as a script: recipes import each other as `recipes.<group>.<name>`
+from recipes.benchmarks.bench_goals import PARTS  # noqa: E402  (the parts of a pass -> `MetaSDStats` timers)
+from recipes.pools.generate_task_outputs import dev_prompts  # noqa: E402
 
 #: name -> (policy, policy kwargs[, other MetaSD settings of `generate`])
 SETTINGS = {

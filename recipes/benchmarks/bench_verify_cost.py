@@ -8,9 +8,9 @@ Two columns: transformers' own kernels, and the same pass under `hf_metasd.kerne
 float32 GEMM makes 2-8 tokens cost 1.4-2x one token; the transposed product brings 2-5 tokens to about one token's
 cost. The printed table is what `num_assistant_tokens` should be chosen from on a given machine.
 
-    python recipes/bench_verify_cost.py
-    python recipes/bench_verify_cost.py --context 64 700 --tokens 1 4   # does a long context change the ratio?
-    python recipes/bench_verify_cost.py --models qwen --tokens 1 2 3 4 --reps 6
+    python recipes/benchmarks/bench_verify_cost.py
+    python recipes/benchmarks/bench_verify_cost.py --context 64 700 --tokens 1 4   # does a long context change the ratio?
+    python recipes/benchmarks/bench_verify_cost.py --models qwen --tokens 1 2 3 4 --reps 6
 """
 
 from __future__ import annotations

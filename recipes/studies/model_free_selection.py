@@ -1,6 +1,6 @@
 """Choosing among model-free drafters round by round, against one merged corpus: exact greedy replay on dev prompts.
 
-For every dev prompt (the split of `recipes/acceptance_matrix.py`, whose cached target answers it reads) and every
+For every dev prompt (the split of `recipes/pools/acceptance_matrix.py`, whose cached target answers it reads) and every
 round of greedy speculative decoding with draft length N, every model-free arm of the pool (its corpus drafters and
 prompt lookup) proposes after the same prefix, and the round accepts the common prefix of the chosen proposal and the
 target's answer. Rules compared, in mean tokens per round (accepted + 1):
@@ -14,8 +14,8 @@ target's answer. Rules compared, in mean tokens per round (accepted + 1):
 
 No target runs (the answers are cached), no timing: the figures are tokens per round, the same on every machine.
 
-    python recipes/acceptance_matrix.py --context-lookup --models general corpus_mt_bench ... --out artifacts/acceptance-ctx
-    python recipes/model_free_selection.py --answers artifacts/acceptance-ctx/dev_answers_new64_val10.pt
+    python recipes/pools/acceptance_matrix.py --context-lookup --models general corpus_mt_bench ... --out artifacts/acceptance-ctx
+    python recipes/studies/model_free_selection.py --answers artifacts/acceptance-ctx/dev_answers_new64_val10.pt
 """
 
 from __future__ import annotations
@@ -28,13 +28,12 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT / "recipes"))
-
-from acceptance_matrix import fixed_rounds  # noqa: E402
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))  # run as a script: recipes import each other as `recipes.<group>.<name>`
 
 from hf_metasd.benchmark.offline import load_default_target, load_embedded_pool  # noqa: E402
 from hf_metasd.drafters import CorpusDrafter  # noqa: E402
+from recipes.pools.acceptance_matrix import fixed_rounds  # noqa: E402
 
 #: candidate (proposal, match length, support, accepted) -> sort key of a rule (the largest wins)
 RULES: dict[str, Callable[[tuple], tuple]] = {
@@ -79,7 +78,7 @@ def main(argv=None) -> dict:
         "--answers",
         type=Path,
         default=REPO_ROOT / "artifacts" / "acceptance-ctx" / "dev_answers_new64_val10.pt",
-        help="the target's dev answers cached by recipes/acceptance_matrix.py",
+        help="the target's dev answers cached by recipes/pools/acceptance_matrix.py",
     )
     p.add_argument("--num-assistant-tokens", type=int, default=3)
     p.add_argument("--out", type=Path, default=None, help="also write the table as JSON here")

@@ -19,8 +19,8 @@ see /work/shared/MODELS.md). Prompt lookup on the same positions is the baseline
 
 Run from the repository root (seconds to a few minutes)::
 
-    python recipes/bench_corpus_index.py
-    python recipes/bench_corpus_index.py --task mt_bench --synthetic-sizes 100000 --draft-calls 500
+    python recipes/studies/bench_corpus_index.py
+    python recipes/studies/bench_corpus_index.py --task mt_bench --synthetic-sizes 100000 --draft-calls 500
 
 Timings are wall-clock on whatever else the machine runs: compare rows of one run, not runs.
 """
@@ -40,7 +40,7 @@ import torch
 
 from hf_metasd.drafters import CorpusDrafter, CorpusIndex, prompt_lookup_candidates
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -5,18 +5,18 @@ verification: the target's greedy answer ``y`` to a prompt is computed once (pla
 ``t`` lets the drafter propose ``N`` tokens after ``prompt + y[:t]``, the target accepts the longest common prefix
 ``a`` of the proposal and ``y[t:]``, and the next round starts at ``t + a + 1``. The recipe records, for every
 drafter, every dev prompt and **every** position ``t``, what the drafter proposes there and how much of it would be
-accepted: the table `recipes/build_default_pool.py` simulates policies on, and the matrix (mean accepted tokens per
+accepted: the table `recipes/pools/build_default_pool.py` simulates policies on, and the matrix (mean accepted tokens per
 round of the fixed drafter) drawn as a heatmap.
 
-Dev prompts: the first ``--val-prompts`` prompts of each task after the shuffle of `recipes/train_drafters.py`
+Dev prompts: the first ``--val-prompts`` prompts of each task after the shuffle of `recipes/pools/train_drafters.py`
 (never used to build corpora or train drafters; benchmark prompts are never read). Corpora: the target's answers to
-the *other* training prompts (`recipes/generate_task_outputs.py`).
+the *other* training prompts (`recipes/pools/generate_task_outputs.py`).
 
-    python recipes/acceptance_matrix.py                    # writes artifacts/acceptance/{table.pt,matrix.json,...}
-    python recipes/acceptance_matrix.py --corpus-sizes 2000 10000 50000 0   # + the corpus size curve (0 = all)
-    python recipes/acceptance_matrix.py --context-lookup --models general corpus_code ... # the candidate pool's corpora,
+    python recipes/pools/acceptance_matrix.py                    # writes artifacts/acceptance/{table.pt,matrix.json,...}
+    python recipes/pools/acceptance_matrix.py --corpus-sizes 2000 10000 50000 0   # + the corpus size curve (0 = all)
+    python recipes/pools/acceptance_matrix.py --context-lookup --models general corpus_code ... # the candidate pool's corpora,
                                                                           # searching the context too
-    python recipes/acceptance_matrix.py --context-lookup --merged --models general   # + one corpus over every task
+    python recipes/pools/acceptance_matrix.py --context-lookup --merged --models general   # + one corpus over every task
 """
 
 from __future__ import annotations
@@ -30,14 +30,13 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT / "recipes"))
-
-from generate_task_outputs import task_split  # noqa: E402
-from train_drafters import TASKS  # noqa: E402
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))  # run as a script: recipes import each other as `recipes.<group>.<name>`
 
 from hf_metasd.benchmark.offline import load_default_target, load_embedded_pool  # noqa: E402
 from hf_metasd.drafters import CorpusDrafter, PromptLookupDrafter  # noqa: E402
+from recipes.pools.generate_task_outputs import task_split  # noqa: E402
+from recipes.pools.train_drafters import TASKS  # noqa: E402
 
 ASSETS = REPO_ROOT / "docs" / "assets" / "bench"
 

@@ -3,12 +3,12 @@
 Each setting is a set of `generate` keyword arguments on top of the pool's defaults; they run interleaved per
 prompt, each in its own reward-memory scope (a setting learns only from its own calls), after one untimed warm-up
 call per setting on the first prompt (its own scope too), so that no setting pays the process's one-time costs. The
-prompts are the dev split of `../shared/data/train/` (`recipes/generate_task_outputs.py`'s `task_split`: never a
+prompts are the dev split of `../shared/data/train/` (`recipes/pools/generate_task_outputs.py`'s `task_split`: never a
 benchmark prompt); every output is checked against plain greedy `generate`. Prints the wall time of each setting over
 plain's, its target passes, and its skipped prefills (`MetaSDStats.prefill_skips`).
 
-    python recipes/qwen_pool_probe.py
-    python recipes/qwen_pool_probe.py --settings '{"fixed length": {"meta_draft_length": "fixed"}}'
+    python recipes/benchmarks/qwen_pool_probe.py
+    python recipes/benchmarks/qwen_pool_probe.py --settings '{"fixed length": {"meta_draft_length": "fixed"}}'
 
 Needs the Qwen2.5-Coder packages of `../shared/MODELS.md` (about 9 GB of RAM), ~10 minutes on 2 cores.
 """
@@ -23,13 +23,12 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "recipes"))
-from generate_task_outputs import dev_prompts  # noqa: E402
-
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))  # run as a script: recipes import each other as `recipes.<group>.<name>`
 import hf_metasd  # noqa: E402
 from hf_metasd.benchmark.run import load_models, load_pool  # noqa: E402
 from hf_metasd.reward_memory import reward_memory_scope  # noqa: E402
+from recipes.pools.generate_task_outputs import dev_prompts  # noqa: E402
 
 DEFAULT_SETTINGS = {
     "pool defaults": {},

@@ -12,7 +12,7 @@ copied into separate small models (real weights, low acceptance: this measures m
 Methods are interleaved prompt by prompt so that machine noise hits them alike; every output is checked against
 plain greedy.
 
-    python recipes/bench_overhead.py --prompts 8 --max-new-tokens 64
+    python recipes/benchmarks/bench_overhead.py --prompts 8 --max-new-tokens 64
 """
 
 from __future__ import annotations

@@ -1,16 +1,17 @@
 """What a drafter model costs in bfloat16 and in float32: median ms of a prompt prefill of `--context` tokens and of
 one drafting step after it, for the drafter's body (the LM head, often restricted, is left out), 2 threads. The
-drafter is the embedded pool's `general` (stored in bfloat16; default) or, with `--drafter qwen0.5b`,
-Qwen2.5-Coder-0.5B-Instruct, the `--models qwen` pool's same-tokenizer drafter (loaded offline, see
-`hf_metasd.benchmark.offline.load_qwen_coder`).
+drafter is Qwen2.5-Coder-0.5B-Instruct with `--drafter qwen0.5b`, the `--models qwen` pool's same-tokenizer drafter
+(loaded offline, see `hf_metasd.benchmark.offline.load_qwen_coder`), or the embedded pool's `general` (stored in
+bfloat16; the default, measured in `hf_metasd.drafters.prefill`'s docstring), which the embedded pool no longer
+holds since its rebuild from corpora: the default then stops with a message.
 
 On CPUs without native bfloat16 arithmetic a bfloat16 prefill can cost several times a float32 one, while a
 one-token step, bound by memory traffic, can be cheaper in bfloat16. Which wins on a machine is a measurement, so
 this recipe prints both rather than the library choosing one.
 
-    python recipes/bench_drafter_dtype.py
-    python recipes/bench_drafter_dtype.py --context 64 600
-    python recipes/bench_drafter_dtype.py --drafter qwen0.5b --context 64 600 --reps 3
+    python recipes/benchmarks/bench_drafter_dtype.py
+    python recipes/benchmarks/bench_drafter_dtype.py --context 64 600
+    python recipes/benchmarks/bench_drafter_dtype.py --drafter qwen0.5b --context 64 600 --reps 3
 """
 
 from __future__ import annotations
@@ -52,7 +53,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.drafter == "general":
         target, _ = load_default_target(torch.float32)
-        drafter = next(d for d in load_embedded_pool(target).drafters if d.name == "general").model
+        drafters = {d.name: d for d in load_embedded_pool(target).drafters}
+        if "general" not in drafters:
+            raise SystemExit(
+                f"`--drafter general` needs the embedded pool's `general` drafter, but the pool holds {sorted(drafters)} "
+                "(its rebuild from corpora dropped it). Run with `--drafter qwen0.5b`."
+            )
+        drafter = drafters["general"].model
     else:
         drafter, _ = load_qwen_coder("0.5b", torch.bfloat16)
     variants = {str(drafter.dtype).removeprefix("torch."): drafter, "float32": copy.deepcopy(drafter).float()}

@@ -13,8 +13,8 @@ Design (see /work/shared/MODELS.md for the numbers behind it):
 
 Run from the repository root::
 
-    python recipes/train_drafters.py --quick      # a few minutes: pipeline check, numbers not meaningful
-    python recipes/train_drafters.py              # the real run (see recipes/README.md for timings)
+    python recipes/pools/train_drafters.py --quick      # a few minutes: pipeline check, numbers not meaningful
+    python recipes/pools/train_drafters.py              # the real run (timings and results: recipes/pools/train_drafters.md)
 
 Outputs (``--out``, default ``artifacts/smollm2-drafters``): ``base/config.json``, ``base/model.safetensors``,
 ``head_token_ids.json``, ``adapters/<task>/`` and ``metrics.json``. Generated data are cached in ``--cache``.
@@ -36,7 +36,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
 from hf_metasd.benchmark.offline import chat_prompt, load_default_target  # noqa: E402
@@ -138,8 +138,8 @@ def shuffled_prompts(
 ) -> list[tuple[str, list]]:
     """A task's prompts shuffled with `seed`, as (text, chat-template ids), those over `max_prompt_tokens` dropped.
 
-    The first ``--val-prompts`` of this list are the val split (never trained on); recipes/tune_policy.py reads its
-    development prompts from the same list.
+    The first ``--val-prompts`` of this list are the val split (never trained on): the development prompts of every
+    recipe (`generate_task_outputs.task_split`).
     """
     prompts = read_prompts(data_dir, task)
     random.Random(seed).shuffle(prompts)

@@ -21,10 +21,10 @@ with the tokens each pass verified (1 + drafted; records written before the benc
 ratio below 1 whose pass ratio is at least 1 is lost on the cost of a pass, not on the choice of drafter.
 
     hf-metasd bench --mixed --out bench_results/mixed8
-    python recipes/bench_goals.py bench_results/mixed8/results.json
-    python recipes/bench_goals.py bench_results/mixed8/results.json --diagnose
-    python recipes/bench_goals.py bench_results/mixed8/results.json --method "metasd (fixed draft length)"
-    python recipes/bench_goals.py bench_results/qwen6/results.json --arms
+    python recipes/benchmarks/bench_goals.py bench_results/mixed8/results.json
+    python recipes/benchmarks/bench_goals.py bench_results/mixed8/results.json --diagnose
+    python recipes/benchmarks/bench_goals.py bench_results/mixed8/results.json --method "metasd (fixed draft length)"
+    python recipes/benchmarks/bench_goals.py bench_results/qwen6/results.json --arms
 
 ``--arms`` adds each arm drafting alone (its ``fixed[...]`` records): accepted tokens per round, drafted tokens per
 round, the share of drafted tokens accepted, the cost ratio :math:`c` (drafting seconds per drafted token over the

@@ -4,8 +4,8 @@ No model, no GPU: the drafters are the simulated ones of `hf_metasd.benchmark.si
 acceptance probabilities drawn from a Beta with concentration 20). Writes four PNGs and `numbers.json` into --out
 and prints the key numbers.
 
-    python recipes/simulate_regret.py --quick          # ~seconds: 5 seeds, B up to 4000
-    python recipes/simulate_regret.py                  # 20 seeds, B up to 32000
+    python recipes/studies/simulate_regret.py --quick          # ~seconds: 5 seeds, B up to 4000
+    python recipes/studies/simulate_regret.py                  # 20 seeds, B up to 32000
 
 Figures:
     regret_vs_B.png   stopping-time regret (rounds minus the best drafter's rounds) against B, log x-axis
@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from hf_metasd.benchmark.simulate import Scenario, simulate, simulate_oracle
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 MAIN = Scenario.stationary([0.8, 0.6, 0.4], draft_length=5, concentration=20, name="0.8/0.6/0.4")
 # drafter 0 degrades, the close second improves after 4000 tokens
