@@ -64,6 +64,7 @@ and `hf_metasd.feedback`, costs in `hf_metasd.costs`.
 from __future__ import annotations
 
 import json
+import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -73,7 +74,7 @@ import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from ._validation import check_int
-from .costs import CostModel, PrefillCosts
+from .costs import CostModel, PrefillCosts, object_key
 from .draft_length import DraftLength, check_draft_length_mode, match_class
 from .drafters import Drafter, unique_names
 from .drafters.prompt_lookup import forbidden_tokens
@@ -586,6 +587,9 @@ class MetaCandidateGenerator(CandidateGenerator):
         rewards = warm_start_rewards(
             self.drafters, input_ids, model_outputs, window, length, self._warm_logits, seen=self._seen
         )
+        # BD of two distributions is a number; NaN means the drafter's logits were none (e.g. NaN weights): such a
+        # drafter could not have drafted there, so it is not observed (as an abstaining one is not)
+        rewards = {arm: reward for arm, reward in rewards.items() if not math.isnan(reward)}
         for arm, reward in rewards.items():
             self.policy.update(arm, reward)
         self.stats.warm_start_rewards = rewards
@@ -832,6 +836,8 @@ class MetaCandidateGenerator(CandidateGenerator):
                 self.drafters, feedback, input_ids, scores, self.num_assistant_tokens, skip={feedback.arm}
             )
         for other, (counterfactual, matches) in observed.items():
+            if not _is_distribution(counterfactual.draft_logits):
+                continue  # it could not have drafted here (e.g. NaN logits): not observed, as an abstaining arm
             counterfactual.arm_seconds = self.costs.estimate(other)
             counterfactual.plain_seconds = feedback.plain_seconds
             value = self._reward(counterfactual)
@@ -846,12 +852,28 @@ class MetaCandidateGenerator(CandidateGenerator):
             self.policy.update_all(rewards)
 
 
+def _is_distribution(logits: torch.Tensor | None) -> bool:
+    """Whether every row of `logits` ``(..., V)`` is a distribution a drafter can draft from: its largest entry is
+    finite (a NaN, a ``+inf`` or a row of ``-inf`` make it NaN or infinite); ``None`` (no logits) is not checked.
+
+    Example:
+        >>> inf = float("inf")
+        >>> _is_distribution(torch.tensor([[0.0, -inf]])), _is_distribution(torch.tensor([[float("nan"), 0.0]]))
+        (True, False)
+        >>> _is_distribution(torch.tensor([[-inf, -inf]])), _is_distribution(None)
+        (False, True)
+    """
+    return logits is None or bool(torch.isfinite(logits.amax(dim=-1)).all())
+
+
 def _cost_key(drafter: Drafter) -> tuple[Any, ...]:
     """What identifies a drafter's costs and learned rewards across calls: its kind, name, settings (`config`) and
-    the object holding its weights or its corpus (shared by a drafter's `spawn` copies). Two drafters of one name
-    that differ in a setting (a corpus drafter with and without `context_lookup`) or in their data are two drafters."""
+    the object holding its weights or its corpus (shared by a drafter's `spawn` copies), by its `object_key`: not
+    by its id, which a new object reuses once the old one is freed, and the entries of a freed one are swept out
+    (`hf_metasd.costs.target_cache`). Two drafters of one name that differ in a setting (a corpus drafter with and
+    without `context_lookup`) or in their data are two drafters."""
     holder = getattr(drafter, "model", None)
     if holder is None:
         holder = getattr(drafter, "index", None)
     settings = json.dumps(drafter.config(), sort_keys=True, default=repr)
-    return (drafter.kind, drafter.name, settings, id(holder) if holder is not None else None)
+    return (drafter.kind, drafter.name, settings, object_key(holder) if holder is not None else None)

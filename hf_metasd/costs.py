@@ -119,8 +119,8 @@ class _Entries(dict):
 
     __slots__ = ("swept",)
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
         self.swept = -1
 
 
@@ -155,6 +155,8 @@ def target_cache(store: weakref.WeakKeyDictionary, target: Any) -> dict | None:
         entries = store.setdefault(target, _Entries())
     except TypeError:  # not weak-referenceable
         return None
+    if not isinstance(entries, _Entries):  # a plain dict stored by hand (a test's seeded costs)
+        entries = store[target] = _Entries(entries)
     _sweep(entries)
     return entries
 

@@ -35,6 +35,7 @@ from transformers.generation.candidate_generator import (
 )
 from transformers.generation.utils import GenerateDecoderOnlyOutput, _speculative_sampling
 
+from ._compat import activate_past_recording
 from .errors import MetaSDConfigError
 
 __all__ = ["assisted_decoding", "uncached_prompt_length"]
@@ -133,7 +134,11 @@ def assisted_decoding(
     cache = model_kwargs.get("cache")
     if cache is None:
         raise RuntimeError("MetaSD decoding needs the target's cache, but `generate` prepared none.")
-    cache.activate_past_recording()
+    # Recurrent layers (mamba, hybrids) record the states a rollback needs: a pass feeds the last kept token and up
+    # to `num_assistant_tokens` candidates, and recording all N + 1 positions runs them one by one, exactly as plain
+    # decoding does (with fewer, the first positions go through the chunked scan, which on some models ignores the
+    # cached state, and a rollback of all N candidates lands on the state before the pass).
+    activate_past_recording(cache, candidate_generator.num_assistant_tokens + 1)
     # the first pass feeds only the prompt positions a cache passed in lacks; the attention mask may also cover
     # cached positions before `input_ids` (only the new tokens passed): that part is kept as it is
     prompt_fed = uncached_prompt_length(input_ids, model_kwargs, generation_config)

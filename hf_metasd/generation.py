@@ -22,20 +22,22 @@ standard transformers field) and the ``meta_*`` keys; a ``meta_*`` key that is n
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, get_args
 
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
+from transformers.utils import ModelOutput
 
 from ._validation import check_int
 from .candidate_generator import DEFAULT_NUM_ASSISTANT_TOKENS, MetaCandidateGenerator
-from .decoding import assisted_decoding
+from .decoding import assisted_decoding, uncached_prompt_length
 from .draft_length import check_draft_length_mode
 from .drafters import as_drafters
-from .errors import MetaSDConfigError
+from .errors import DrafterCompatibilityError, MetaSDConfigError
 from .kernels import (
     DEFAULT_MAX_ROWS,
     KernelChoice,
@@ -194,6 +196,13 @@ def _check_target(model: Any, generation_config: Any, input_ids: Any) -> None:
             f"the target must be able to roll back its cache, but {type(model).__name__} is stateful. "
             "Use a transformer target."
         )
+    _check_outputs_carry_cache(model)
+    if generation_config.use_cache is False:
+        raise MetaSDConfigError(
+            "`use_cache` must be True for MetaSD (the target verifies each draft on its KV cache and rolls it back "
+            "past rejected tokens), but is False. Drop `use_cache=False` (and set `generation_config.use_cache` "
+            "back to True if you changed it)."
+        )
     if (generation_config.num_beams or 1) > 1:
         raise MetaSDConfigError(
             f"`num_beams` must be 1 for MetaSD, but is {generation_config.num_beams}. Use greedy or sampling."
@@ -222,6 +231,34 @@ def _check_target(model: Any, generation_config: Any, input_ids: Any) -> None:
             )
 
 
+def _check_drafter_device(drafter: Any) -> None:
+    """Refuse a drafter on the ``meta`` device (a model built under ``torch.device("meta")``, or loaded without its
+    weights): it has no weights to draft with."""
+    if drafter.device.type == "meta":
+        raise DrafterCompatibilityError(
+            f"drafter {drafter.name!r} must hold its weights on a real device, but is on the `meta` device (built "
+            'under `torch.device("meta")`, or loaded without weights). Build or load it on a real device, e.g. '
+            "with `AutoModelForCausalLM.from_pretrained(...)`."
+        )
+
+
+def _check_outputs_carry_cache(model: Any) -> None:
+    """Refuse a target whose forward pass returns no cache: MetaSD verifies on the target's cache and rolls it back
+    past rejected tokens, and a model that keeps its state elsewhere (RecurrentGemma: inside its modules) cannot be
+    rolled back. Read from the output class that the model class's `forward` is annotated to return; a `forward`
+    without a `ModelOutput` annotation (e.g. a wrapper) is not refused here."""
+    returned = inspect.signature(type(model).forward).return_annotation
+    outputs = [t for t in get_args(returned) or (returned,) if isinstance(t, type) and issubclass(t, ModelOutput)]
+    carry = [{f.name for f in fields(output)} & {"cache", "past_key_values", "cache_params"} for output in outputs]
+    if outputs and not any(carry):
+        raise MetaSDConfigError(
+            f"the target's outputs must carry its cache (MetaSD rolls it back after each round), but "
+            f"{type(model).__name__} returns {outputs[0].__name__}, which has none (its state lives inside the "
+            "model). Call `generate` without `assistant_models` for this model (transformers' `assistant_model=` "
+            "fails on it too)."
+        )
+
+
 def build_candidate_generator(
     model: Any,
     generation_config: Any,
@@ -246,6 +283,7 @@ def build_candidate_generator(
     drafters, pool_defaults = _pool_from(assistant_models)
     drafters = as_drafters(drafters, model)
     for drafter in drafters:
+        _check_drafter_device(drafter)
         drafter.check_compatible(model)
     if settings is None:
         settings = resolve_settings(call, generation_config, pool_defaults)
@@ -341,7 +379,7 @@ def _kernel_choice(model: Any, skinny: bool | None, num_assistant_tokens: int) -
     when that is longer: a draft length is a cap and most passes are shorter, and passes beyond `DEFAULT_MAX_ROWS`
     run the stock product whatever the choice. (Answering "stock" for a cap above it, as before, put every pass of
     such a call on the stock kernel: with ``num_assistant_tokens=12`` the embedded pool ran at 1.18x plain on dev
-    prompts against 2.00x with 3, `recipes/untrained_pool_probe.py`.)
+    prompts against 2.00x with 3, `recipes/benchmarks/untrained_pool_probe.py`.)
     """
     if skinny is not None:
         return KernelChoice("skinny" if skinny else "stock")
@@ -398,6 +436,7 @@ def generate(
     meta_match_routing: bool | None = None,
     meta_prefill_gate: bool | None = None,
     metasd_streamer: Any = None,
+    stop_strings: str | list[str] | None = None,
     **model_kwargs: Any,
 ) -> Any:
     """MetaSD decoding method, for ``model.generate(..., custom_generate=hf_metasd.generate)``.
@@ -452,6 +491,10 @@ def generate(
             (`MetaCandidateGenerator`, "Prefill gate"). Default False: on the ``--models qwen`` bench it saved the
             long prompts' prefills but kept the 0.5B drafter out where it was the best arm (docs/concepts.md).
         metasd_streamer: another way to pass a streamer (kept for compatibility; ``streamer=`` works).
+        stop_strings: refused here, before any compute (`_check_stop_strings`): declared so that transformers hands
+            them to this method instead of failing on them for want of a tokenizer (it does not hand a callable
+            `custom_generate` the `tokenizer`). Through `hf_metasd.enable()`, ``stop_strings=`` with ``tokenizer=``
+            works as in plain `generate`.
 
     Returns:
         What `generate` returns; with ``return_dict_in_generate=True`` a `MetaSDGenerateOutput` whose `metasd` holds
@@ -462,6 +505,7 @@ def generate(
             "`synced_gpus` must be False for MetaSD (one process drafts and verifies), but is True. "
             "Run the target on one process; place it across devices with `device_map` instead."
         )
+    _check_stop_strings(stop_strings)
     call = {
         "meta_policy": meta_policy,
         "meta_policy_kwargs": meta_policy_kwargs,
@@ -498,6 +542,7 @@ def generate(
         settings=settings,
         **call,
     )
+    uncached_prompt_length(input_ids, model_kwargs, generation_config)  # a cache passed in: checked before compute
     if streamer is None:
         streamer = caller.get("streamer")  # transformers already put the prompt into it
     if streamer is None and metasd_streamer is not None:
@@ -587,6 +632,26 @@ def _stop_string_criteria(model: Any, kwargs: dict[str, Any]) -> None:
         config = GenerationConfig(**config.to_dict())
         config.stop_strings = None
         kwargs["generation_config"] = config
+
+
+def _check_stop_strings(stop_strings: Any) -> None:
+    """Refuse `stop_strings` that reached `generate` itself, i.e. through ``custom_generate=hf_metasd.generate``.
+
+    transformers (5.x) takes `tokenizer` out of a call's arguments and drops it when `custom_generate` is a callable:
+    neither its own stopping criteria nor this method can see it. `generate` declares `stop_strings` so that
+    transformers passes them here (an argument of the method's own) instead of failing for want of a tokenizer, and
+    this says what works. (`enable` reads `tokenizer` before transformers does and builds the criterion itself, so
+    stop strings given through it never get here.)
+    """
+    if stop_strings is None:
+        return
+    raise MetaSDConfigError(
+        "`stop_strings` must be passed through `hf_metasd.enable()` (transformers does not hand a callable "
+        f"`custom_generate` the `tokenizer`), but are {stop_strings!r} with `custom_generate=hf_metasd.generate`. "
+        "Call `hf_metasd.enable()` first (then `stop_strings=` with `tokenizer=` works, with or without "
+        "`custom_generate`), or pass `stopping_criteria=StoppingCriteriaList([StopStringCriteria(tokenizer, "
+        "stop_strings)])`."
+    )
 
 
 def enable() -> None:

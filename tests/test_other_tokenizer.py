@@ -405,7 +405,10 @@ def test_a_pool_references_the_model_and_carries_the_drafters_tokenizer(target, 
     ):
         DrafterPool.from_pretrained(tmp_path / "pool", target=target, tokenizer=permuted_tokenizer())
     # the fix: the target's tokenizer (an equal copy)
-    loaded = DrafterPool.from_pretrained(tmp_path / "pool", target=target, tokenizer=char_tokenizer())
+    outside = {str(tmp_path / "drafter"): tmp_path / "drafter"}  # the caller allows the local reference
+    loaded = DrafterPool.from_pretrained(
+        tmp_path / "pool", target=target, tokenizer=char_tokenizer(), local_paths=outside
+    )
     mine = loaded.drafters[0]
     assert type(mine) is TokenizerBridgeDrafter and mine.source["path"] == str(tmp_path / "drafter")
     assert mine.tokenizer.get_vocab() == drafter.tokenizer.get_vocab()

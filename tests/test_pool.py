@@ -32,7 +32,7 @@ pytestmark = pytest.mark.usefixtures("no_network")
 
 
 def _shared_base(target, seed: int = 11):
-    """A 1-layer drafter base sharing the target's embedding and LM head modules (as recipes/train_drafters.py)."""
+    """A 1-layer drafter base sharing the target's embedding and LM head modules (as recipes/pools/train_drafters.py)."""
     base = sharpen(tiny_llama(seed, layers=1))
     base.model.embed_tokens = target.model.embed_tokens
     base.lm_head = target.lm_head
@@ -139,12 +139,13 @@ def test_reference_round_trip_stores_no_weights(target, tmp_path):
     spec = json.loads((tmp_path / "pool/config.json").read_text())["drafters"][0]
     assert spec["path"] == str(tmp_path / "drafter") and spec["stored"] is False and spec["kind"] == "assistant_model"
     assert set(_files(tmp_path / "pool")) == {"config.json", "README.md"}
-    loaded = DrafterPool.from_pretrained(tmp_path / "pool", target=target)
+    outside = {str(tmp_path / "drafter"): tmp_path / "drafter"}  # the caller allows the local reference
+    loaded = DrafterPool.from_pretrained(tmp_path / "pool", target=target, local_paths=outside)
     assert torch.equal(_outputs(target, loaded)[0], greedy(target, PROMPTS[0], MAX_NEW))
 
 
 def test_a_trained_drafter_folder_becomes_a_pool(target, tmp_path):
-    """The layout of recipes/train_drafters.py: base/ without embeddings, head_token_ids.json, adapters/<task>/."""
+    """The layout of recipes/pools/train_drafters.py: base/ without embeddings, head_token_ids.json, adapters/<task>/."""
     arms = _lora_arms(target)
     peft_model = arms[0].peft_model
     base = peft_model.get_base_model()
@@ -432,7 +433,7 @@ def test_load_missing_reference(target, saved):
         match=r"drafter 'small' \(drafters\[3\]\) must point to an existing folder or a Hub repo id, but "
         r"'/no/such/drafter' does not exist\. Fix `path`",
     ):
-        DrafterPool.from_pretrained(saved, target=target)
+        DrafterPool.from_pretrained(saved, target=target, local_paths={"/no/such/drafter": "/no/such/drafter"})
 
 
 def test_load_with_a_target_of_another_vocabulary(saved):

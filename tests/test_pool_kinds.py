@@ -174,7 +174,8 @@ def test_a_truncated_referenced_model_is_named_too(target, tmp_path):
         match=rf"drafter '.*' \(drafters\[0\]\) must find a complete safetensors file at "
         rf"'{re.escape(str(tmp_path / 'drafter'))}', but it is truncated or corrupt",
     ):
-        DrafterPool.from_pretrained(tmp_path / "pool", target=target)
+        outside = {str(tmp_path / "drafter"): tmp_path / "drafter"}  # the caller allows the local reference
+        DrafterPool.from_pretrained(tmp_path / "pool", target=target, local_paths=outside)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -346,7 +347,7 @@ def test_a_loaded_lora_entry_keeps_its_layout_when_saved_by_reference(target, tm
     spec = config.drafters[0]
     spec.stored, spec.path = False, str(tmp_path / "stored" / spec.path)
     config.save(tmp_path / "ref")
-    loaded = DrafterPool.from_pretrained(tmp_path / "ref", target=target)
+    loaded = DrafterPool.from_pretrained(tmp_path / "ref", target=target, local_paths={spec.path: spec.path})
     assert loaded.drafters[0].source["path"] == spec.path and loaded.drafters[0].source["stored"] is False
     loaded.save_pretrained(tmp_path / "again")
     again = json.loads((tmp_path / "again/config.json").read_text())["drafters"][0]

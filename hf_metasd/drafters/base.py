@@ -56,7 +56,8 @@ def shared_scope(key: Hashable, enter: Callable[[], Any], leave: Callable[[Any],
     the last one out runs ``leave(state)``; calls in between find the change already made.
 
     This is how a call puts a user's module in eval mode (or on an adapter) and gives it back as it was, even when
-    several threads draft with the same module at once.
+    several threads draft with the same module at once. `key` may hold ``id(module)``: an entry lives only while a
+    call is inside the scope, and that call holds the module, so the id cannot be another object's meanwhile.
 
     Example:
         >>> log = []
@@ -274,7 +275,9 @@ class Drafter(ABC):
         Returns:
             ``tokens`` ``(1, n)`` with ``0 <= n <= num_tokens`` and ``logits`` ``(1, n, V)``: the *processed* logits the
             tokens were chosen from (with `do_sample`, each token must be sampled from their softmax so that
-            speculative sampling stays lossless), or ``None`` for a deterministic drafter.
+            speculative sampling stays lossless), or ``None`` for a deterministic drafter. ``n = 0`` abstains from
+            the round (nothing to propose, or no distribution to draft from, such as NaN logits): the round goes to
+            the policy's fallback and the call goes on.
         """
 
     def config(self) -> dict[str, Any]:

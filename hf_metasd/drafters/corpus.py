@@ -72,6 +72,15 @@ FORMAT_VERSION = "1"
 #: the document separator in the reversed corpus: above every valid token id (ids are int32), so it never matches.
 SEPARATOR = 0xFFFFFFFF
 _MAX_TOKEN_ID = 2**31 - 1
+#: The upper bound of each number a pool file sets for a corpus entry (the constructor checks types and lower bounds).
+POOL_MAXIMA: dict[str, float] = {
+    "max_match_length": 1024,
+    "min_match_length": 1024,
+    "max_occurrences": 4096,
+    "min_frequency": 1.0,
+    "online_tokens": 10_000_000,
+    "vocab_size": _MAX_TOKEN_ID + 1,
+}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -458,7 +467,7 @@ class CorpusDrafter(Drafter):
         max_occurrences: most occurrences that vote (default 64).
         min_frequency: the draft stops where the winning token's share of the remaining occurrences is below this
             (default 0.25; 0: never). Larger gives shorter, safer drafts. Both defaults were chosen with
-            `recipes/bench_corpus_index.py` on the default target's own answers (greedy acceptance of held-out answers).
+            `recipes/studies/bench_corpus_index.py` on the default target's own answers (greedy acceptance of held-out answers).
         context_lookup: also search the context (prompt + generated tokens) for its longest earlier suffix match,
             from one token on (default ``False``); see the module docstring.
         online_tokens: capacity of the online store in tokens (default 0: off). See `on_generation_end`.
@@ -611,7 +620,12 @@ class CorpusDrafter(Drafter):
     @classmethod
     def to_spec(cls, group: list[Drafter], ctx: SaveContext) -> DrafterSpec:
         """The settings as `params`; the corpus is **always** stored in the pool, at ``corpus/<name>/`` (a corpus has
-        no source to reference). The online store is not saved."""
+        no source to reference). The online store is not saved.
+
+        Ranges of `params` in a pool file (the constructor's, plus the upper bounds `POOL_MAXIMA` that `validate_spec`
+        checks): ``max_match_length`` in [1, 1024], ``min_match_length`` in [1, ``max_match_length``],
+        ``max_occurrences`` in [1, 4096], ``min_frequency`` in [0, 1], ``online_tokens`` in [0, 10,000,000] (about
+        160 MB held), ``vocab_size`` null or in [1, 2**31]."""
         from ..pool.config import DrafterSpec
 
         (drafter,) = group
@@ -639,7 +653,12 @@ class CorpusDrafter(Drafter):
 
     @classmethod
     def validate_spec(cls, spec: DrafterSpec, where: str) -> None:
-        """A corpus entry is stored in the pool (``stored: true`` and a `path`), without `adapters`."""
+        """A corpus entry is stored in the pool (``stored: true`` and a `path`), without `adapters`, its numbers at most
+        `POOL_MAXIMA`."""
+        from ..pool.config import check_at_most
+
+        for key, high in POOL_MAXIMA.items():
+            check_at_most(spec.params.get(key), f"{where} `params.{key}`", high)
         if not spec.stored or not spec.path:
             raise InvalidPoolError(
                 f'{where} must be stored in the pool (`stored: true` and a `path` such as "corpus/{spec.name}"), but '

@@ -192,20 +192,23 @@ class EarlyExitDrafter(ModelDrafter):
         head_ids = ctx.head_ids(spec, where)
         params = {k: v for k, v in spec.params.items() if k not in ("head_token_ids", "share_target_embeddings")}
         adapter = None if not spec.path else ctx.resolve(spec, where, need_folder=False)
+        if adapter is not None and (spec.stored or ctx.mapped(spec.path) is not None):
+            ctx.adapter_folder(adapter, where)  # a local folder: no code, safetensors only
 
         def construct() -> EarlyExitDrafter:
-            with ctx.reading(where, os.path.join(adapter or "", ADAPTER_WEIGHTS_NAME)):
-                return cls(
-                    ctx.target,
-                    name=spec.name,
-                    adapter=adapter,
-                    revision=None if spec.stored else spec.revision,
-                    token=ctx.hub.get("token"),
-                    head_token_ids=head_ids,
-                    **params,
-                )
+            return cls(
+                ctx.target,
+                name=spec.name,
+                adapter=adapter,
+                revision=None if spec.stored else spec.revision,
+                token=ctx.hub.get("token"),
+                head_token_ids=head_ids,
+                **params,
+            )
 
-        return [ctx.build(spec, cls, construct)]
+        # `params` the constructor refuses are named by `build`; anything else reading the adapter by `reading`
+        with ctx.reading(where, os.path.join(adapter or "", ADAPTER_WEIGHTS_NAME)):
+            return [ctx.build(spec, cls, construct)]
 
     @classmethod
     def validate_spec(cls, spec: DrafterSpec, where: str) -> None:

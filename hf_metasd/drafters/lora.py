@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..errors import DrafterCompatibilityError, InvalidPoolError
+from ..errors import DrafterCompatibilityError, InvalidPoolError, MetaSDConfigError
 from . import register_drafter_kind
 from .base import Drafter, eval_mode, is_peft_model, require_path, require_peft, shared_scope
 from .model import ModelDrafter
@@ -252,7 +252,7 @@ class LoraDrafter(ModelDrafter):
 
         where = ctx.where(spec)
         head_ids = ctx.head_ids(spec, where)
-        share = bool(spec.params.get("share_target_embeddings", False))
+        share = ctx.share(spec, where)
         dtype = ctx.dtype(spec, where)
         folder = Path(ctx.resolve(spec, where, need_folder=True))
         base_dir = spec.params.get("base", "base") or ""
@@ -264,6 +264,8 @@ class LoraDrafter(ModelDrafter):
                 f"{where} must find adapter {missing[0]!r} at {str(paths[missing[0]])!r}, but it is missing. Restore "
                 f"the adapter folder, or remove {missing[0]!r} from `adapters` in config.json."
             )
+        for path in paths.values():  # no code, safetensors only: checked before anything is loaded
+            ctx.adapter_folder(path, where)
         key = ("lora_base", str(folder.resolve()), base_dir)
         peft_model = ctx.bases.get(key)
         if peft_model is None:
@@ -274,7 +276,12 @@ class LoraDrafter(ModelDrafter):
                     peft_model = ctx.bases[key] = load_adapters(base, {adapter: path})
                 elif adapter not in peft_model.peft_config:
                     peft_model.load_adapter(str(path), adapter_name=adapter, is_trainable=False)
-        arms = cls.from_peft_model(peft_model, adapter_names=spec.adapters, head_token_ids=head_ids)
+        try:
+            arms = cls.from_peft_model(peft_model, adapter_names=spec.adapters, head_token_ids=head_ids)
+        except MetaSDConfigError:
+            raise
+        except (TypeError, ValueError) as err:  # e.g. head ids outside the vocabulary
+            raise ctx.bad_params(spec, cls, err) from err
         for arm in arms:
             arm.source = ctx.source(
                 spec, share_target_embeddings=share, base=base_dir, adapters_dir=adapters_dir, entry_name=spec.name

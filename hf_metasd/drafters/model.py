@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import threading
 import time
 from contextlib import AbstractContextManager
@@ -10,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from .._compat import activate_past_recording
 from .._validation import check_real
 from ..errors import DrafterCompatibilityError
 from .base import Drafter, eval_mode, require_path, target_vocab_size
@@ -27,6 +30,15 @@ if TYPE_CHECKING:
     from ..pool.weights import LoadContext, SaveContext
 
 __all__ = ["ModelDrafter"]
+
+#: Positions at the end of each forward pass whose recurrent states a drafter's cache records (recurrent and hybrid
+#: models: mamba, jamba, qwen3_next, ...). A rollback drops drafted tokens, each fed alone and always recorded, or the
+#: last token of a catch-up (re-fed for its logits). Recorded positions also run one by one, exactly as in plain
+#: decoding: a catch-up of more tokens runs its first ones through the model's chunked scan, which on some models
+#: (mamba, falcon_mamba) ignores part of the cached state, so the drafts are less likely to be accepted (never wrong).
+#: 32 covers a drafter's catch-up after several rounds of other drafters, and bounds the states a prompt's prefill
+#: holds.
+RECURRENT_STATES_TO_KEEP = 32
 
 
 def _common_prefix_length(cached: torch.Tensor, input_ids: torch.Tensor) -> int:
@@ -168,9 +180,9 @@ class ModelDrafter(Drafter):
         """The model of the entry (stored, shared-embedding or referenced), in ``params.dtype``, with its head."""
         where = ctx.where(spec)
         head_ids = ctx.head_ids(spec, where)
-        share = bool(spec.params.get("share_target_embeddings", False))
+        share = ctx.share(spec, where)
         model = ctx.load_model(spec, where, share=share, dtype=ctx.dtype(spec, where))
-        drafter = cls(model, name=spec.name, head_token_ids=head_ids)
+        drafter = ctx.build(spec, cls, lambda: cls(model, name=spec.name, head_token_ids=head_ids))
         drafter.source = ctx.source(spec, share_target_embeddings=share)
         return [drafter]
 
@@ -202,6 +214,7 @@ class ModelDrafter(Drafter):
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
         self._cache: DynamicCache | None = None
+        self._cached_tokens = 0  # positions the cache holds: where the next forward's `position_ids` start
         self._ids = torch.empty(1, 0, dtype=torch.long, device=self.model.device)
         self._next_logits: torch.Tensor | None = None
         self.last_catch_up_tokens = 0
@@ -209,7 +222,8 @@ class ModelDrafter(Drafter):
     def _new_cache(self) -> DynamicCache:
         cache = DynamicCache(config=self.model.config)
         if hasattr(cache, "activate_past_recording"):
-            cache.activate_past_recording()  # sliding-window layers must be croppable
+            # sliding-window layers must be croppable; recurrent layers record states (see `RECURRENT_STATES_TO_KEEP`)
+            activate_past_recording(cache, RECURRENT_STATES_TO_KEEP)
         return cache
 
     # ------------------------------------------------------------------ forward
@@ -233,18 +247,22 @@ class ModelDrafter(Drafter):
 
     def _forward(self, ids: torch.Tensor, num_logits: int) -> torch.Tensor:
         """Run `ids` through the model on the cache; return float32 logits ``(1, num_logits, V)``."""
+        start, self._cached_tokens = self._cached_tokens, self._cached_tokens + ids.shape[1]
         if (body := self._float32_body(ids.shape[1])) is not None:
             cast_cache(self._cache, torch.float32)
             try:
                 embeds = self.model.get_input_embeddings()(ids).float()
-                out = body(inputs_embeds=embeds, cache=self._cache, use_cache=True)
+                out = body(inputs_embeds=embeds, cache=self._cache, use_cache=True, **_positions(body, start, ids))
             finally:
                 cast_cache(self._cache, self.model.dtype)
             return self._logits(out.last_hidden_state[:, -num_logits:].to(self.model.dtype))
         if self.head_token_ids is None:
-            out = self.model(input_ids=ids, cache=self._cache, use_cache=True, logits_to_keep=num_logits)
+            positions = _positions(self.model, start, ids)
+            out = self.model(input_ids=ids, cache=self._cache, use_cache=True, logits_to_keep=num_logits, **positions)
             return out.logits.float()
-        out = self.model.base_model(input_ids=ids, cache=self._cache, use_cache=True)
+        out = self.model.base_model(
+            input_ids=ids, cache=self._cache, use_cache=True, **_positions(self.model.base_model, start, ids)
+        )
         return self._logits(out.last_hidden_state[:, -num_logits:])
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -266,6 +284,7 @@ class ModelDrafter(Drafter):
         keep = min(_common_prefix_length(self._ids, input_ids), input_ids.shape[1] - 1)
         if keep < cached:
             self._cache.crop(keep - cached)
+        self._cached_tokens = keep
         new = input_ids[:, keep:]
         if return_logits is True:
             num_logits = new.shape[1]
@@ -289,7 +308,16 @@ class ModelDrafter(Drafter):
     ) -> tuple[torch.LongTensor, torch.FloatTensor]:
         """Up to `num_tokens` tokens after `input_ids` ``(1, L)`` and their processed logits ``(1, n, V)``; with
         `min_confidence`, stop early once the product of the drafted tokens' probabilities falls below it (see the
-        class docstring; at least one token is drafted)."""
+        class docstring; at least one token is drafted).
+
+        A step whose processed logits are no distribution (a NaN, a ``+inf``, or every entry ``-inf``: NaN weights,
+        an overflow in half precision, a processor that masks every token) ends the draft before its token: the
+        tokens drafted before it are returned, and none when it is the first step, so that the drafter abstains
+        from the round (`Drafter.draft`) instead of failing the call. Whether to stop there depends on the drafter's
+        own distributions only, so the draft stays a valid proposal for speculative sampling. The steps are checked
+        together after the loop (one device sync per draft, not one per token); a sampled step samples from a
+        stand-in distribution meanwhile, whose token is dropped.
+        """
         if min_confidence is not None:
             check_real(
                 "min_confidence", min_confidence, low=0.0, hint="Pass the cost ratio of a drafter step, or None."
@@ -298,14 +326,17 @@ class ModelDrafter(Drafter):
             self.catch_up(input_ids)
         ids = input_ids.to(self.model.device)
         logits = self._next_logits
-        tokens, scores = [], []
+        tokens, scores, valid = [], [], []
         confidence = 1.0
         for step in range(num_tokens):
             if logits_processor is not None and len(logits_processor) > 0:
                 logits = logits_processor(ids, logits.clone())
+            # a distribution iff the largest logit is finite (NaN, +inf and "all -inf" all make it non-finite)
+            valid.append(torch.isfinite(logits.amax(dim=-1)))
             probs = torch.softmax(logits, dim=-1) if do_sample or min_confidence is not None else None
             if do_sample:
-                token = torch.multinomial(probs, num_samples=1)
+                # softmax of logits that are no distribution holds NaN: uniform stand-in, the step is dropped below
+                token = torch.multinomial(probs.nan_to_num(nan=1.0), num_samples=1)
             else:
                 token = logits.argmax(dim=-1, keepdim=True)
             tokens.append(token)
@@ -321,6 +352,21 @@ class ModelDrafter(Drafter):
         # the cache now covers everything but the last drafted token
         self._ids = ids[:, :-1]
         self._next_logits = None
-        if not tokens:
+        kept = int(torch.cat(valid).long().cumprod(0).sum()) if valid else 0  # steps before the first invalid one
+        if kept == 0:
             return ids[:, :0], None
-        return torch.cat(tokens, dim=-1), torch.stack(scores, dim=1)
+        return torch.cat(tokens[:kept], dim=-1), torch.stack(scores[:kept], dim=1)
+
+
+@functools.cache
+def _takes_position_ids(module_class: type) -> bool:
+    return "position_ids" in inspect.signature(module_class.forward).parameters
+
+
+def _positions(module: torch.nn.Module, start: int, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``position_ids`` for `ids` fed after `start` cached positions, for a module whose forward takes them. Most
+    models number new positions from their cache themselves; some do not (Bamba numbers from 0 without them), so a
+    drafter always says where its tokens stand."""
+    if not _takes_position_ids(type(module)):
+        return {}
+    return {"position_ids": torch.arange(start, start + ids.shape[1], device=ids.device).unsqueeze(0)}

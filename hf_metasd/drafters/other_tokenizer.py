@@ -85,7 +85,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -104,6 +103,8 @@ __all__ = ["Continuation", "TokenizerBridgeDrafter", "continuation_ids", "draft_
 
 #: Target tokens re-read around the boundary (`GenerationConfig`'s default ``target_lookbehind``).
 DEFAULT_LOOKBEHIND = 10
+#: Largest `lookbehind` a pool file may set (each draft decodes and re-encodes that many tokens).
+MAX_LOOKBEHIND = 1024
 #: Most own tokens drafted per target token asked for (bounds `draft_steps` for a much finer drafter tokenizer).
 MAX_STEPS_PER_TOKEN = 4
 #: Folder of the drafter's tokenizer inside its pool folder.
@@ -469,8 +470,8 @@ class TokenizerBridgeDrafter(Drafter):
         """The model as an assistant-model entry saves it (a reference, or stored in ``drafters/<name>/`` with its
         embeddings); the drafter's tokenizer always in ``drafters/<name>/tokenizer/``; with stored weights, the
         target's tokenizer in ``tokenizers/target/`` (once per pool). Params: ``tokenizer``, ``target_tokenizer``
-        (``None`` unless stored), ``target_tokenizer_hash`` (its `tokenizer_fingerprint`), ``lookbehind``,
-        ``dtype``."""
+        (``None`` unless stored), ``target_tokenizer_hash`` (its `tokenizer_fingerprint`), ``lookbehind`` (an int in
+        ``[1, MAX_LOOKBEHIND]``, 1024, in a pool file), ``dtype`` (one of `hf_metasd.pool.weights.DTYPES`)."""
         from ..pool.config import DrafterSpec
 
         (drafter,) = group
@@ -497,12 +498,13 @@ class TokenizerBridgeDrafter(Drafter):
 
     @classmethod
     def from_spec(cls, spec: DrafterSpec, ctx: LoadContext) -> list[Drafter]:
-        """The target's tokenizer first (``ctx.tokenizer``, else the stored copy, else a clear error), then the
-        drafter's tokenizer from the pool, then the model (stored or referenced) in ``params.dtype``."""
+        """The target's tokenizer first (``ctx.tokenizer``, else the stored copy, checked against the recorded
+        fingerprint, else a clear error), then the drafter's tokenizer from the pool, then the model (stored or
+        referenced) in ``params.dtype``. Tokenizers are read as untrusted files (`LoadContext.load_tokenizer`)."""
         where = ctx.where(spec)
         cls.validate_spec(spec, where)  # the pool validated it already; a direct call gets the same messages
         target_tokenizer = _target_tokenizer_for(spec, ctx, where)
-        tokenizer = _load_tokenizer(ctx, spec.params["tokenizer"], where, "tokenizer")
+        tokenizer = ctx.load_tokenizer(spec.params["tokenizer"], where, "tokenizer")
         model = _load_model(spec, ctx, where, ctx.dtype(spec, where))
         lookbehind = spec.params.get("lookbehind", DEFAULT_LOOKBEHIND)
 
@@ -514,8 +516,9 @@ class TokenizerBridgeDrafter(Drafter):
     @classmethod
     def validate_spec(cls, spec: DrafterSpec, where: str) -> None:
         """A `path` to the model, ``params.tokenizer`` inside the pool, ``params.target_tokenizer`` inside the pool or
-        ``None``, no `adapters`."""
-        from ..pool.config import check_inside
+        ``None`` (a stored copy comes with its ``target_tokenizer_hash``), ``params.lookbehind`` at
+        most `MAX_LOOKBEHIND`, no `adapters`."""
+        from ..pool.config import check_at_most, check_inside
 
         require_path(spec, where)
         tokenizer = spec.params.get("tokenizer")
@@ -526,6 +529,18 @@ class TokenizerBridgeDrafter(Drafter):
             )
         check_inside(tokenizer, f"{where} `params.tokenizer`")
         check_inside(spec.params.get("target_tokenizer"), f"{where} `params.target_tokenizer`")
+        fingerprint = spec.params.get("target_tokenizer_hash")
+        if fingerprint is not None and (not isinstance(fingerprint, str) or len(fingerprint) != 64):
+            raise InvalidPoolError(
+                f"{where} `params.target_tokenizer_hash` must be a `tokenizer_fingerprint` (64 hex digits), but is "
+                f"{fingerprint!r}. Re-save the pool with `DrafterPool.save_pretrained`."
+            )
+        if spec.params.get("target_tokenizer") is not None and fingerprint is None:
+            raise InvalidPoolError(
+                f"{where} must record the fingerprint of the target's tokenizer it stores "
+                "(`params.target_tokenizer_hash`), but has none. Re-save the pool with `DrafterPool.save_pretrained`."
+            )
+        check_at_most(spec.params.get("lookbehind"), f"{where} `params.lookbehind`", MAX_LOOKBEHIND)
         super().validate_spec(spec, where)
 
 
@@ -557,49 +572,17 @@ def _target_tokenizer_for(spec: DrafterSpec, ctx: LoadContext, where: str) -> An
         )
     key = ("tokenizer", stored)
     if key not in ctx.bases:
-        ctx.bases[key] = _load_tokenizer(ctx, stored, where, "target's tokenizer")
+        expected = spec.params.get("target_tokenizer_hash")
+        ctx.bases[key] = ctx.load_tokenizer(stored, where, "target's tokenizer", expected_hash=expected)
     return ctx.bases[key]
 
 
-def _load_tokenizer(ctx: LoadContext, relative: str, where: str, what: str) -> Any:
-    from transformers import AutoTokenizer
-
-    folder = None if ctx.root is None else ctx.root / relative
-    if folder is None or not folder.is_dir():
-        raise InvalidPoolError(
-            f"{where} must find its {what} in the pool folder at {relative!r}, but it is missing. Restore the "
-            "folder, or re-save the pool from a working copy of the drafter."
-        )
-    try:
-        return AutoTokenizer.from_pretrained(str(folder))
-    except (OSError, ValueError, TypeError) as err:
-        raise InvalidPoolError(
-            f"{where} must find a readable {what} in {str(folder)!r}, but loading it failed ({err}). Restore the "
-            "folder, or re-save the pool from a working copy of the drafter."
-        ) from err
-
-
 def _load_model(spec: DrafterSpec, ctx: LoadContext, where: str, dtype: torch.dtype) -> Any:
-    """The entry's causal LM (stored, a local folder or a Hub id with its revision), on the target's device."""
-    from transformers import AutoModelForCausalLM
-
-    from ..pool.config import CONFIG_NAME
-    from ..pool.weights import WEIGHTS_NAME, is_local_reference
-
+    """The entry's causal LM (stored in the pool, a folder the caller mapped, or a Hub id with its revision), on the
+    target's device; its vocabulary is its own tokenizer's, not the target's."""
     location = ctx.resolve(spec, where, need_folder=False)
-    local = spec.stored or is_local_reference(location)
-    if local and not (Path(location) / CONFIG_NAME).is_file():
-        raise InvalidPoolError(
-            f"{where} must find its model in {location!r}, but it holds no `{CONFIG_NAME}`. Fix `path`, or re-save "
-            "the pool with `store_weights=True`."
-        )
-    if spec.stored and not (Path(location) / WEIGHTS_NAME).is_file():
-        raise InvalidPoolError(
-            f"{where} must find `{CONFIG_NAME}` and `{WEIGHTS_NAME}` in {location!r}, but `{WEIGHTS_NAME}` is "
-            "missing. Restore the folder, or re-save the pool with `store_weights=True`."
-        )
-    revision = {"revision": spec.revision} if spec.revision and not local else {}
-    with ctx.reading(where, location):
-        model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype, **revision, **ctx.hub)
+    if spec.stored and ctx.mapped(spec.path) is None:
+        return ctx.load_base(location, where, share=False, dtype=dtype, check_vocab=False)
+    model = ctx.load_reference(spec, where, location, dtype=dtype, check_vocab=False)
     device = getattr(ctx.target, "device", None)
     return (model if device is None else model.to(device)).eval()

@@ -9,7 +9,7 @@ down to 1, take the last ``n`` tokens, find their occurrences in the sequence le
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -17,7 +17,13 @@ from .._validation import check_int
 from . import register_drafter_kind
 from .base import Drafter, target_vocab_size
 
+if TYPE_CHECKING:
+    from ..pool.config import DrafterSpec
+
 __all__ = ["PromptLookupDrafter", "forbidden_tokens", "logits_processor_filter", "prompt_lookup_candidates"]
+
+#: Longest n-gram a pool file may ask prompt lookup to match (each draft tries every size down to 1).
+MAX_NGRAM_SIZE = 64
 
 
 def prompt_lookup_candidates(
@@ -153,6 +159,20 @@ class PromptLookupDrafter(Drafter):
 
     def config(self) -> dict[str, Any]:
         return {"max_matching_ngram_size": self.max_matching_ngram_size, "num_output_tokens": self.num_output_tokens}
+
+    @classmethod
+    def validate_spec(cls, spec: DrafterSpec, where: str) -> None:
+        """The upper bounds of a pool file (the constructor checks the rest): ``max_matching_ngram_size`` at most
+        `MAX_NGRAM_SIZE` (64), ``num_output_tokens`` at most `MAX_NUM_ASSISTANT_TOKENS` (128)."""
+        from ..pool.config import MAX_NUM_ASSISTANT_TOKENS, check_at_most
+
+        check_at_most(
+            spec.params.get("max_matching_ngram_size"), f"{where} `params.max_matching_ngram_size`", MAX_NGRAM_SIZE
+        )
+        check_at_most(
+            spec.params.get("num_output_tokens"), f"{where} `params.num_output_tokens`", MAX_NUM_ASSISTANT_TOKENS
+        )
+        super().validate_spec(spec, where)
 
     def _allowed_by(self, logits_processor: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
         return logits_processor_filter(logits_processor, self._logits_width)

@@ -18,7 +18,10 @@ The package, one concept per module:
 * `weights` -- weight files (write, read, check) and the `SaveContext` / `LoadContext` every drafter kind saves and
   loads itself through (`Drafter.to_spec` / `Drafter.from_spec`), so that nothing here names a kind;
 * `pool` -- `DrafterPool`: one plan per save or push, Hub I/O;
-* `card` -- the model card.
+* `card` -- the model card;
+* `untrusted` -- why loading a pool is as safe as loading safetensors: no code runs, only the pool's own files are
+  read (a local folder outside it only when the caller maps it with ``local_paths=``), every number is bounded,
+  tokenizers are checked, and any failure is an `InvalidPoolError` naming the file.
 
 What is stored where (`config.json`, one entry per drafter, see `DrafterSpec`):
 
@@ -31,7 +34,7 @@ What is stored where (`config.json`, one entry per drafter, see `DrafterSpec`):
   on load, so a small trained drafter base with several adapters takes a few MB;
 * restricted heads (``head_token_ids``) are always stored in the pool as a JSON list of ids.
 
-Example `config.json` for a folder produced by ``recipes/train_drafters.py`` (``base/``, ``adapters/<task>/``,
+Example `config.json` for a folder produced by ``recipes/pools/train_drafters.py`` (``base/``, ``adapters/<task>/``,
 ``head_token_ids.json``), which `DrafterPool.from_pretrained(folder, target=target)` then loads::
 
     {"drafters": [{"adapters": ["code", "qa"], "kind": "lora", "name": "smollm2-drafters",

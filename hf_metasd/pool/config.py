@@ -1,8 +1,16 @@
 """A pool's `config.json`: `DrafterSpec` (one entry), `DrafterPoolConfig` (the file), their validation and versions.
 
 The file is sorted, indented JSON. `DrafterPoolConfig.validate` runs before every save and every load and reads
-nothing: the checks every entry gets live here (a registered kind, paths that stay inside the pool), the checks of
-one kind live on the kind (`Drafter.validate_spec`), so this module names no kind.
+nothing: the checks every entry gets live here (a registered kind, paths that stay inside the pool, no key that asks
+for code, at most `MAX_ARMS` arms), the checks of one kind live on the kind (`Drafter.validate_spec`), so this module
+names no kind.
+
+**A pool is data, and bounded.** A pool comes from the Hub: its file is untrusted input (`hf_metasd.pool.untrusted`
+says what loading one reads). Every number it sets has a range checked on load, and on save, so that a pool that
+saves also loads: the top-level ones are in `DrafterPoolConfig` (`MAX_NUM_ASSISTANT_TOKENS`, `MAX_PRIOR_WEIGHT`,
+`MAX_POLICY_SETTING`, `MAX_ARMS`), each kind documents the ranges of its `params` in its `to_spec` and checks them in
+its `validate_spec` (upper bounds with `check_at_most`, the rest in its constructor). The whole table is in
+docs/tutorials/pool_hub.md ("What a pool file may hold").
 
 Versions: `format_version` is the layout version (`FORMAT_VERSION`). A file of a newer format is refused with the
 versions to upgrade to; a file of a readable format that holds keys this version does not know (written by a newer
@@ -28,11 +36,19 @@ from ..policies import POLICY_REGISTRY, get_policy
 from ..rewards import COST_AWARE_REWARDS, REWARDS, get_reward, is_cost_aware
 
 __all__ = [
+    "CODE_KEYS",
     "CONFIG_NAME",
     "FORMAT_VERSION",
+    "MAX_ARMS",
+    "MAX_CONFIG_BYTES",
+    "MAX_CONFIG_DEPTH",
+    "MAX_NUM_ASSISTANT_TOKENS",
+    "MAX_POLICY_SETTING",
+    "MAX_PRIOR_WEIGHT",
     "NO_DRAFT",
     "DrafterPoolConfig",
     "DrafterSpec",
+    "check_at_most",
     "check_inside",
     "validate_defaults",
     "validate_priors",
@@ -46,6 +62,21 @@ NO_DRAFT = "no_draft"
 #: optional top-level fields written only when set, so that older hf_metasd versions read such pools without a warning.
 _OMITTED_WHEN_NONE = ("priors", "prior_weight", "tokenizer_hash")
 _RESAVE = "Re-save the pool with `DrafterPool.save_pretrained`."
+#: Most tokens a pool may set as its draft length (`num_assistant_tokens`): far above the 3-20 that pay off, far below
+#: a length whose bookkeeping alone slows a call (10,000,000 made 12 new tokens take 40 s).
+MAX_NUM_ASSISTANT_TOKENS = 128
+#: Most arms a pool may hold (drafters, a LoRA entry counting one arm per adapter).
+MAX_ARMS = 64
+#: Most pseudo-observations a prior may count as (`prior_weight`).
+MAX_PRIOR_WEIGHT = 10_000.0
+#: Largest number in `policy_kwargs` (each policy checks its own range on top, see its settings).
+MAX_POLICY_SETTING = 1e6
+#: `params` keys that ask for code: a pool never runs code, so an entry that holds one is refused (not ignored).
+CODE_KEYS = ("auto_map", "class_path", "trust_remote_code")
+#: Deepest nesting of lists and objects in a pool's `config.json` (a written one nests 4 deep).
+MAX_CONFIG_DEPTH = 16
+#: Largest `config.json` a load reads (a pool of `MAX_ARMS` drafters writes a few tens of KB).
+MAX_CONFIG_BYTES = 4 * 2**20
 
 
 @dataclass
@@ -112,7 +143,7 @@ class DrafterPoolConfig:
         target: Hub id (or path) of the target model the pool drafts for (the model card's ``base_model``).
         policy, policy_kwargs: a registered policy name and its settings (`hf_metasd.policies.get_policy`).
         reward: a reward name (`hf_metasd.rewards.REWARDS`).
-        num_assistant_tokens: tokens drafted per round.
+        num_assistant_tokens: tokens drafted per round, in ``[1, MAX_NUM_ASSISTANT_TOKENS]`` (128).
         hf_metasd_version: version of hf_metasd that wrote the file.
         format_version: layout version (`FORMAT_VERSION`), an int >= 1.
         tokenizer_hash: `hf_metasd.drafters.tokenizer_fingerprint` of the tokenizer the pool's drafters use (the
@@ -120,10 +151,16 @@ class DrafterPoolConfig:
         priors: prior mean reward per arm name (the names a call reports: drafter names, ``#k``-suffixed where
             repeated; ``"no_draft"`` is the no-draft arm of a cost-aware reward), in ``[0, 1]`` under the pool's
             `reward`, or ``None``. Generate applies them when a call uses the pool's reward.
-        prior_weight: pseudo-observations each prior counts as (> 0), or ``None`` for the policy's default.
+        prior_weight: pseudo-observations each prior counts as, in ``(0, MAX_PRIOR_WEIGHT]`` (10,000), or ``None``
+            for the policy's default.
 
     Policy, reward and draft length default to `hf_metasd.generation.DEFAULTS`. A file written by a newer hf_metasd
     may hold keys this version does not know: they are ignored with **one** warning naming them all.
+
+    Ranges checked by `validate` (on every save and load): the ones above; every number in `policy_kwargs` at most
+    `MAX_POLICY_SETTING` (1e6), on top of the policy's own checks; at most `MAX_ARMS` (64) arms; no `params` key in
+    `CODE_KEYS`; each kind's `params` as its `to_spec` documents them. `from_json_file` also refuses a file larger
+    than `MAX_CONFIG_BYTES` (4 MiB), `from_dict` one nested deeper than `MAX_CONFIG_DEPTH` (16).
 
     Example:
         >>> config = DrafterPoolConfig([DrafterSpec("prompt_lookup", "pl")], priors={"pl": 0.4})
@@ -163,11 +200,17 @@ class DrafterPoolConfig:
                     f"{where} must be of a registered kind {sorted(DRAFTER_KINDS)}, but its kind is {spec.kind!r}. "
                     "Register the kind with `hf_metasd.drafters.register_drafter_kind` before loading, or fix `kind`."
                 )
+            _check_no_code(spec.params, where)
             check_inside(spec.params.get("head_token_ids"), f"{where} `params.head_token_ids`")
             if spec.stored:
                 check_inside(spec.path, f"{where} `path`")
             cls.validate_spec(spec, where)
             names += cls.arm_names(spec)
+            if len(names) > MAX_ARMS:
+                raise InvalidPoolError(
+                    f"pool must hold at most {MAX_ARMS} arms (drafters, one per adapter of a `lora` entry), but "
+                    f"drafters[:{i + 1}] already hold {len(names)}. Split the pool, or drop drafters."
+                )
         _check_tokenizer_hash(self.tokenizer_hash)
         validate_priors(self.priors, self.prior_weight, names, self.policy, self.reward)
 
@@ -206,6 +249,7 @@ class DrafterPoolConfig:
                 f"{source} must hold a JSON object, but holds {type(data).__name__}. Re-save the pool with "
                 "`DrafterPool.save_pretrained`."
             )
+        _check_depth(data, source)
         _check_format_version(data.get("format_version"), data.get("hf_metasd_version"), source)
         unknown = [k for k in data if k not in _TOP_TYPES]
         kwargs = {k: _typed(data[k], _TOP_TYPES[k], k, source) for k in _TOP_TYPES if k in data}
@@ -248,12 +292,17 @@ class DrafterPoolConfig:
                 f"a pool folder must hold `{CONFIG_NAME}`, but {str(path.parent)!r} has none. Point to a folder "
                 "written by `DrafterPool.save_pretrained`, or write its config with `DrafterPoolConfig.save`."
             )
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise InvalidPoolError(
+                f"{str(path)!r} must be at most {MAX_CONFIG_BYTES} bytes, but has {path.stat().st_size}. Restore the "
+                "file, or re-save the pool with `DrafterPool.save_pretrained`."
+            )
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        except (ValueError, RecursionError) as err:  # bad JSON or UTF-8 (ValueErrors), nesting too deep to parse
             raise InvalidPoolError(
-                f"{str(path)!r} must be valid JSON, but is not ({err}). Restore the file, or re-save the pool with "
-                "`DrafterPool.save_pretrained`."
+                f"{str(path)!r} must be valid JSON, but is not ({type(err).__name__}: {err}). Restore the file, or "
+                "re-save the pool with `DrafterPool.save_pretrained`."
             ) from err
         return cls.from_dict(data, source=str(path))
 
@@ -302,6 +351,50 @@ def check_inside(value: Any, where: str, *, single: bool = False) -> None:
         )
 
 
+def check_at_most(value: Any, where: str, high: float) -> None:
+    """A number a pool file sets must be at most `high`, its documented upper bound (NaN is refused too), else
+    `InvalidPoolError`. Its type and lower bound are checked by what takes it (the kind's constructor, the policy's
+    settings); anything that is not a number passes here. Kinds check their `params` with it in `validate_spec`.
+
+    Example:
+        >>> check_at_most(64, "`params.max_occurrences`", 4096)
+        >>> check_at_most(10**9, "`params.max_occurrences`", 4096)
+        Traceback (most recent call last):
+        ...
+        hf_metasd.errors.InvalidPoolError: `params.max_occurrences` must be at most 4096, but is 1000000000. Use a value in its range (the ranges of a pool file are in docs/tutorials/pool_hub.md).
+    """
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not value <= high:
+        shown = f"{high:g}" if isinstance(high, float) else str(high)
+        raise InvalidPoolError(
+            f"{where} must be at most {shown}, but is {value!r}. Use a value in its range (the ranges of a pool file "
+            "are in docs/tutorials/pool_hub.md)."
+        )
+
+
+def _check_no_code(params: dict[str, Any], where: str) -> None:
+    """An entry's `params` must not hold a key that asks for code (`CODE_KEYS`): refused, not ignored."""
+    for key in CODE_KEYS:
+        if key in params:
+            raise InvalidPoolError(
+                f"{where} `params` must not hold `{key}` (a pool is data: hf_metasd never runs code from it), but "
+                f"holds {key}={params[key]!r}. Remove the key; every load passes `trust_remote_code=False`."
+            )
+
+
+def _check_depth(data: Any, source: str) -> None:
+    """Lists and objects in `data` must nest at most `MAX_CONFIG_DEPTH` deep (checked without recursion)."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > MAX_CONFIG_DEPTH:
+                raise InvalidPoolError(
+                    f"{source} must nest lists and objects at most {MAX_CONFIG_DEPTH} deep, but nests deeper. Restore "
+                    f"the file, or re-save the pool with `DrafterPool.save_pretrained`."
+                )
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+
+
 def _typed(value: Any, types: tuple[type, ...], key: str, source: str) -> Any:
     ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
     if not ok:
@@ -322,11 +415,13 @@ def validate_defaults(policy: Any, policy_kwargs: Any, reward: Any, num_assistan
         )
     try:
         json.dumps(policy_kwargs or {})
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, RecursionError) as err:
         raise InvalidPoolError(
             f"pool `policy_kwargs` must be JSON-serialisable to be saved, but is {policy_kwargs!r}. Use plain numbers, "
             "strings and lists."
         ) from err
+    for key, value in (policy_kwargs or {}).items():
+        check_at_most(value, f"pool `policy_kwargs[{key!r}]`", MAX_POLICY_SETTING)
     try:
         get_policy(policy, **(policy_kwargs or {}))
     except (MetaSDConfigError, ValueError, TypeError) as err:
@@ -345,12 +440,17 @@ def validate_defaults(policy: Any, policy_kwargs: Any, reward: Any, num_assistan
             f"pool `num_assistant_tokens` must be an int >= 1, but is {num_assistant_tokens!r}. "
             f"Use e.g. {DEFAULTS['num_assistant_tokens']}."
         )
+    if num_assistant_tokens > MAX_NUM_ASSISTANT_TOKENS:
+        raise InvalidPoolError(
+            f"pool `num_assistant_tokens` must be at most {MAX_NUM_ASSISTANT_TOKENS}, but is {num_assistant_tokens!r}. "
+            f"Use e.g. {DEFAULTS['num_assistant_tokens']} (pass a longer draft to `generate` itself if you mean it)."
+        )
 
 
 def validate_priors(priors: Any, prior_weight: Any, names: list[str], policy: str, reward: str) -> None:
     """`priors` must map the pool's arm names (its drafter names, ``#k``-suffixed where repeated as
     `hf_metasd.drafters.unique_names` does, or ``"no_draft"`` with a cost-aware reward) to means in [0, 1], for a
-    policy that keeps means; `prior_weight` must be > 0 and only comes with `priors`.
+    policy that keeps means; `prior_weight` must be in ``(0, MAX_PRIOR_WEIGHT]`` and only comes with `priors`.
 
     Example:
         >>> validate_priors({"code": 0.8, "no_draft": 0.3}, 2.0, ["code", "math"], "ucb", "speed")
@@ -412,6 +512,11 @@ def validate_priors(priors: Any, prior_weight: Any, names: list[str], policy: st
             )
         except ValueError as err:
             raise InvalidPoolError(f"pool {err}") from err
+        if prior_weight > MAX_PRIOR_WEIGHT:
+            raise InvalidPoolError(
+                f"pool `prior_weight` must be at most {MAX_PRIOR_WEIGHT:g}, but is {prior_weight!r}. Use e.g. 2.0 (each "
+                "prior counts as that many rounds), or None for the policy's default."
+            )
 
 
 def _check_tokenizer_hash(value: Any) -> None:

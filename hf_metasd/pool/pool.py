@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from ..errors import DrafterCompatibilityError, InvalidPoolError
 from ..generation import DEFAULTS
 from .card import pool_card
 from .config import CONFIG_NAME, DrafterPoolConfig, DrafterSpec, validate_defaults, validate_priors
+from .untrusted import check_links
 from .weights import LoadContext, SaveContext, is_local_reference
 
 __all__ = ["MODEL_CARD_NAME", "DrafterPool"]
@@ -201,7 +202,8 @@ class DrafterPool:
 
         Args:
             save_directory: the pool folder (created).
-            store_weights: store assistant-model and LoRA drafters' weights in the folder instead of references.
+            store_weights: store assistant-model and LoRA drafters' weights in the folder instead of references (a
+                reference to a local folder loads only when the caller allows it: `from_pretrained`'s `local_paths`).
             tokenizer: the drafters' (and target's) tokenizer: its fingerprint goes into `config.json` (default: the
                 one the pool was built or loaded with, if any).
             repo_id, push_to_hub: also push the same plan (see `push_to_hub`; `repo_id` defaults to the folder name).
@@ -312,8 +314,14 @@ class DrafterPool:
         cache_dir: str | os.PathLike | None = None,
         force_download: bool = False,
         local_files_only: bool = False,
+        local_paths: Mapping[str, str | os.PathLike] | None = None,
     ) -> DrafterPool:
         """Load a pool from a folder or a Hub repo and build every drafter for `target`.
+
+        A pool is untrusted data (`hf_metasd.pool.untrusted`): loading it runs no code (``trust_remote_code=False``
+        everywhere; files that ask for code are refused), reads weights from safetensors only, checks every number
+        of `config.json` against its documented range, and reads only the pool's own files: a drafter that
+        references a local folder outside the pool is refused unless you map it with `local_paths`.
 
         Args:
             pretrained_model_name_or_path: a pool folder or a Hub repo id.
@@ -324,9 +332,17 @@ class DrafterPool:
                 (`LoadContext.tokenizer`), unless the pool stores a copy.
             revision, token, cache_dir, force_download, local_files_only: as in huggingface_hub; `token` is also used
                 for the drafters the pool references.
+            local_paths: your map from a path the pool's `config.json` records (a drafter's `path`, or a folder of
+                its `params` such as an other-tokenizer drafter's ``tokenizer``), exactly as written there, to a local
+                folder to read instead, e.g. ``{"/home/me/drafter": "/home/me/drafter"}`` to allow a reference to a
+                local folder, or ``{"org/drafter": "./drafter-copy"}`` to use a local copy of a Hub drafter. A mapped
+                folder is yours: it may lie outside the pool, and its tokenizer patterns are not checked (still no
+                code runs). Each key must be a path the config records.
 
         Raises:
-            InvalidPoolError: no or corrupt `config.json`, a missing or corrupt drafter file, a newer pool format.
+            InvalidPoolError: no or corrupt `config.json`, a missing or corrupt drafter file, a newer pool format, a
+                number out of its range, a file that asks for code, a path or symbolic link leaving the pool, a
+                tokenizer that fails or does not match its recorded fingerprint.
             DrafterCompatibilityError: a drafter's vocabulary, or the pool's tokenizer, is not the target's.
         """
         return cls._from_pretrained(
@@ -338,6 +354,7 @@ class DrafterPool:
             token=token,
             target=target,
             tokenizer=tokenizer,
+            local_paths=local_paths,
         )
 
     @classmethod
@@ -352,6 +369,7 @@ class DrafterPool:
         token: str | bool | None,
         target: Any = None,
         tokenizer: Any = None,
+        local_paths: Mapping[str, str | os.PathLike] | None = None,
     ) -> DrafterPool:
         hub = {k: v for k, v in {"token": token, "cache_dir": cache_dir}.items() if v is not None}
         if os.path.isdir(model_id):
@@ -377,8 +395,17 @@ class DrafterPool:
                     f"`pretrained_model_name_or_path` must be a pool folder or a Hub repo id, but {model_id!r} is "
                     "neither. Check the path or repo id."
                 ) from err
+        check_links(root)  # before any file is read, config.json included
         config = DrafterPoolConfig.from_json_file(root / CONFIG_NAME)
-        return cls.from_config(config, target=target, root=root, token=token, cache_dir=cache_dir, tokenizer=tokenizer)
+        return cls.from_config(
+            config,
+            target=target,
+            root=root,
+            token=token,
+            cache_dir=cache_dir,
+            tokenizer=tokenizer,
+            local_paths=local_paths,
+        )
 
     @classmethod
     def from_config(
@@ -390,19 +417,28 @@ class DrafterPool:
         token: str | bool | None = None,
         cache_dir: str | os.PathLike | None = None,
         tokenizer: Any = None,
+        local_paths: Mapping[str, str | os.PathLike] | None = None,
     ) -> DrafterPool:
         """Build the pool described by `config` for `target`; stored entries are read from the folder `root`;
-        `tokenizer` is the target's (see `from_pretrained`)."""
+        `tokenizer` and `local_paths` as in `from_pretrained` (the same untrusted-data rules apply)."""
         if not isinstance(target, torch.nn.Module) or not hasattr(target, "config"):
             raise TypeError(
                 f"`target` must be the target model (a transformers causal LM), but is {type(target).__name__}. "
                 "Pass e.g. `target=AutoModelForCausalLM.from_pretrained(config.target)`."
             )
         config.validate()
+        mapped = _local_paths(config, local_paths)
         _check_tokenizer(config, tokenizer)
+        if root is not None:
+            check_links(root)
         hub = {k: v for k, v in {"token": token, "cache_dir": cache_dir}.items() if v is not None}
         ctx = LoadContext(
-            None if root is None else Path(root), target=target, hub=hub, specs=config.drafters, tokenizer=tokenizer
+            None if root is None else Path(root),
+            target=target,
+            hub=hub,
+            specs=config.drafters,
+            tokenizer=tokenizer,
+            local_paths=mapped,
         )
         drafters: list[Drafter] = []
         for i, spec in enumerate(config.drafters):
@@ -443,6 +479,29 @@ def _hub_arguments(**kwargs: Any) -> dict[str, Any]:
 
 #: `push_to_hub`'s arguments that are not Hub arguments (they shape the plan, or name the repo).
 _PUSH_PLAN_ARGUMENTS = ("self", "repo_id", "store_weights", "tokenizer")
+
+
+def _local_paths(config: DrafterPoolConfig, local_paths: Any) -> dict[str, Path]:
+    """`local_paths` as ``{recorded path: Path}``; each key must be a path `config` records (an entry's `path`, or a
+    string of its `params`), so that a typo is not silently ignored."""
+    if local_paths is None:
+        return {}
+    if not isinstance(local_paths, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, (str, os.PathLike)) for k, v in local_paths.items()
+    ):
+        raise TypeError(
+            f"`local_paths` must map paths of the pool's config.json (str) to local folders (str or path), but is "
+            f"{local_paths!r}. Pass e.g. `local_paths={{'/home/me/drafter': '/home/me/drafter'}}`."
+        )
+    recorded = {spec.path for spec in config.drafters if spec.path is not None}
+    recorded |= {v for spec in config.drafters for v in spec.params.values() if isinstance(v, str)}
+    for key in local_paths:
+        if key not in recorded:
+            raise InvalidPoolError(
+                f"`local_paths` must map paths the pool's config.json records ({sorted(recorded)}), but maps {key!r}. "
+                "Write the key exactly as config.json does."
+            )
+    return {key: Path(value).expanduser() for key, value in local_paths.items()}
 
 
 def _check_tokenizer(config: DrafterPoolConfig, tokenizer: Any) -> None:
