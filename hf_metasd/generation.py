@@ -48,33 +48,10 @@ from .kernels import (
 )
 from .policies import Policy, get_policy
 from .rewards import RoundFeedback, get_reward
+from .settings import DEFAULTS, META_KWARGS, SETTINGS
 from .stats import MetaSDStats
 
 __all__ = ["DEFAULTS", "SETTINGS", "MetaSDGenerateOutput", "disable", "enable", "generate", "is_enabled"]
-
-#: The library's defaults for every MetaSD setting (the last level of the precedence above).
-DEFAULTS: dict[str, Any] = {
-    "num_assistant_tokens": DEFAULT_NUM_ASSISTANT_TOKENS,
-    "meta_policy": "ucb_scaled",
-    "meta_policy_kwargs": None,
-    "meta_reward": "speed",
-    "meta_full_information": False,
-    "meta_warm_start": 0,
-    "meta_skinny_gemm": None,
-    "meta_no_draft": None,
-    "meta_replay": None,
-    "meta_confidence_stop": False,
-    "meta_priors": None,
-    "meta_prior_weight": None,
-    "meta_learned_priors": True,
-    "meta_draft_length": "measured",
-    "meta_match_routing": False,
-    "meta_prefill_gate": False,
-}
-#: Every setting a MetaSD call reads, by name.
-SETTINGS = tuple(DEFAULTS)
-#: keyword arguments that only mean something together with `assistant_models`.
-META_KWARGS = tuple(k for k in SETTINGS if k.startswith("meta_"))
 
 
 @dataclass
@@ -675,18 +652,30 @@ def enable() -> None:
                     "Pass the drafters with `assistant_models=[...]`, or drop the `meta_*` arguments."
                 )
             return original(self, *args, **kwargs)
-        _check_call_kwargs(kwargs)
-        custom = kwargs.pop("custom_generate", None)
-        if custom is not None and custom is not generate:
-            raise MetaSDConfigError(
-                f"`custom_generate` must be None or `hf_metasd.generate` with `assistant_models`, but is {custom!r}. "
-                "Drop one of them."
-            )
-        _stop_string_criteria(self, kwargs)
-        return original(self, *args, custom_generate=generate, assistant_models=assistant_models, **kwargs)
+        return generate_with_pool(self, *args, assistant_models=assistant_models, original=original, **kwargs)
 
     _ORIGINAL_GENERATE = original
     GenerationMixin.generate = generate_with_metasd
+
+
+def generate_with_pool(
+    model: Any, *args: Any, assistant_models: Any, original: Callable[..., Any] | None = None, **kwargs: Any
+) -> Any:
+    """``model.generate(*args, assistant_models=..., **kwargs)`` as `enable` serves it, without patching anything:
+    the checks of both entry points, `stop_strings` with the `tokenizer` read before transformers drops it, then
+    transformers' own `generate` (`original`; default: the unpatched `GenerationMixin.generate`) with this module's
+    `generate` as its decoding method. What `enable()` and a ``custom_generate`` repository folder call."""
+    if original is None:
+        original = _ORIGINAL_GENERATE or GenerationMixin.generate
+    _check_call_kwargs(kwargs)
+    custom = kwargs.pop("custom_generate", None)
+    if custom is not None and custom is not generate:
+        raise MetaSDConfigError(
+            f"`custom_generate` must be None or `hf_metasd.generate` with `assistant_models`, but is {custom!r}. "
+            "Drop one of them."
+        )
+    _stop_string_criteria(model, kwargs)
+    return original(model, *args, custom_generate=generate, assistant_models=assistant_models, **kwargs)
 
 
 def _check_call_kwargs(kwargs: dict[str, Any]) -> None:

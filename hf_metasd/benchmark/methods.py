@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from ..drafters import Drafter, ModelDrafter, PromptLookupDrafter
-from ..generation import DEFAULTS
 from ..generation import generate as metasd_generate
 from ..policies import get_policy
+from ..settings import DEFAULTS
 from .prompts import BenchPrompt
 
 __all__ = ["DEFAULT_POLICIES", "Method", "build_methods", "transformers_assisted_kwargs", "untrained_drafters"]

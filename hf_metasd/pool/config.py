@@ -31,9 +31,9 @@ from .._validation import check_real
 from .._version import __version__
 from ..drafters import DRAFTER_KINDS, unique_names
 from ..errors import InvalidPoolError, MetaSDConfigError
-from ..generation import DEFAULTS
 from ..policies import POLICY_REGISTRY, get_policy
 from ..rewards import COST_AWARE_REWARDS, REWARDS, get_reward, is_cost_aware
+from ..settings import DEFAULTS
 
 __all__ = [
     "CODE_KEYS",

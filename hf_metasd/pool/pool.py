@@ -29,7 +29,7 @@ from huggingface_hub.errors import HFValidationError
 
 from ..drafters import DRAFTER_KINDS, Drafter, as_drafters, tokenizer_fingerprint
 from ..errors import DrafterCompatibilityError, InvalidPoolError
-from ..generation import DEFAULTS
+from ..settings import DEFAULTS
 from .card import pool_card
 from .config import CONFIG_NAME, DrafterPoolConfig, DrafterSpec, validate_defaults, validate_priors
 from .untrusted import check_links
