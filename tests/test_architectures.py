@@ -250,6 +250,18 @@ def metasd(model, prompt, pool, *, entry: str, **kwargs):
     return model.generate(prompt, custom_generate=hf_metasd.generate, **kwargs)
 
 
+def stateful(fam) -> bool:
+    """transformers before 5.25 marks recurrent models stateful and refuses them in its own assisted decoding (as
+    target and as assistant); MetaSD refuses them there too, before any compute
+    (`test_a_stateful_target_is_refused_where_the_peer_refuses_it`), and the contract tests skip them."""
+    return bool(getattr(fam.target, "_is_stateful", False))
+
+
+def skip_if_stateful(fam) -> None:
+    if stateful(fam):
+        pytest.skip(f"transformers {transformers.__version__} refuses {type(fam.target).__name__} (stateful)")
+
+
 def test_the_matrix_covers_each_kind_of_cache():
     """The families hold what the module docstring says: recurrent layers exactly in `RECURRENT`, sliding-window
     layers in mistral and gemma2, and at least 12 families."""
@@ -273,6 +285,7 @@ def test_the_matrix_covers_each_kind_of_cache():
 def test_peer_assisted_decoding_works_on_every_family(families, family):
     """transformers' ``assistant_model=`` (an exact copy drafting N tokens a round) gives the plain greedy output."""
     fam = families(family)
+    skip_if_stateful(fam)
     assistant = copy.deepcopy(fam.copy)
     assistant.generation_config.num_assistant_tokens = N
     assistant.generation_config.num_assistant_tokens_schedule = "constant"
@@ -289,6 +302,7 @@ def test_peer_assisted_decoding_works_on_every_family(families, family):
 def test_greedy_output_is_plain_generates(families, family, pool):
     """Policies ``ucb`` and the default, both entry points, every prompt: the plain greedy output."""
     fam = families(family)
+    skip_if_stateful(fam)
     drafted = accepted = 0
     for policy, entry in (("ucb", "enable"), (None, "custom_generate")):
         for prompt, reference in zip(PROMPTS, fam.references):
@@ -318,6 +332,7 @@ def test_scores_and_logits_are_plain_generates(families, family, entry):
     length N: the verification passes feed N + 1 tokens and roll back up to N of them (the perturbed copy, the
     exact copy and prompt lookup all draft)."""
     fam = families(family)
+    skip_if_stateful(fam)
     asked = {"return_dict_in_generate": True, "output_scores": True, "output_logits": True}
     for prompt in PROMPTS:
         plain = fam.target.generate(prompt, do_sample=False, max_new_tokens=MAX_NEW, **asked)
@@ -354,6 +369,7 @@ def test_an_exact_copy_drafts_the_targets_own_distribution(families, family):
     each round of the other: if its cache holds exactly the target's states, its distribution is the target's at every
     drafted position (BD reward 1) and the target keeps every drafted token."""
     fam = families(family)
+    skip_if_stateful(fam)
     rounds = 0
     for prompt, reference in zip(PROMPTS, fam.references):
         out = metasd(
@@ -384,6 +400,7 @@ def test_a_recurrent_drafters_cache_matches_a_fresh_forward(families, family):
     pass. Its logits at every position it ingests, and its drafts, are those of a fresh forward pass over the whole
     sequence (the helpers of `test_drafter_caches`)."""
     fam = families(family)
+    skip_if_stateful(fam)
     for accepted in range(N):
         drafter = ModelDrafter(fam.copy, name="copy").spawn(fam.target)
         ids = PROMPTS[1]
@@ -404,6 +421,7 @@ def test_a_recurrent_drafters_cache_matches_a_fresh_forward(families, family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_sampling_smoke(families, family):
     fam = families(family)
+    skip_if_stateful(fam)
     torch.manual_seed(0)
     prompt = PROMPTS[1]
     out = fam.target.generate(
@@ -432,7 +450,9 @@ def recurrent_gemma():
 
 
 def test_peer_assisted_decoding_fails_on_a_model_without_a_cache_in_its_outputs(recurrent_gemma):
-    with pytest.raises(AttributeError, match="'CausalLMOutput' object has no attribute 'cache'"):
+    # transformers 5.25 fails after its first forward pass; earlier versions refuse the stateful model up front
+    message = "'CausalLMOutput' object has no attribute 'cache'|assisted generation is not supported with stateful"
+    with pytest.raises((AttributeError, ValueError), match=message):
         recurrent_gemma.generate(
             PROMPTS[0], do_sample=False, max_new_tokens=MAX_NEW, assistant_model=copy.deepcopy(recurrent_gemma)
         )
@@ -446,7 +466,8 @@ def test_a_target_without_a_cache_in_its_outputs_is_refused_before_any_forward_p
         with pytest.raises(
             MetaSDConfigError,
             match=r"the target's outputs must carry its cache .*, but RecurrentGemmaForCausalLM returns "
-            r"CausalLMOutput, which has none .* Call `generate` without `assistant_models`",
+            r"CausalLMOutput, which has none .* Call `generate` without `assistant_models`"
+            r"|the target must be able to roll back its cache, but RecurrentGemmaForCausalLM is stateful",
         ):
             metasd(recurrent_gemma, PROMPTS[0], [PromptLookupDrafter()], entry=entry)
     finally:
@@ -472,3 +493,23 @@ def test_a_target_whose_forward_is_not_annotated_is_not_refused():
     wrapped.generation_config = target.generation_config
     out = metasd(wrapped, PROMPTS[0], [PromptLookupDrafter()], entry="custom_generate")
     assert torch.equal(out, target.generate(PROMPTS[0], do_sample=False, max_new_tokens=MAX_NEW))
+
+
+@pytest.mark.parametrize("family", RECURRENT)
+def test_a_stateful_target_is_refused_where_the_peer_refuses_it(families, family):
+    """Where transformers marks a recurrent model stateful (before 5.25), its assisted decoding refuses it and so does
+    MetaSD, on both entry points, before any forward pass."""
+    fam = families(family)
+    if not stateful(fam):
+        pytest.skip(f"transformers {transformers.__version__} serves {type(fam.target).__name__} (not stateful)")
+    with pytest.raises(ValueError, match="assisted generation is not supported with stateful"):
+        fam.target.generate(PROMPTS[0], do_sample=False, max_new_tokens=MAX_NEW, assistant_model=fam.copy)
+    passes = []
+    handle = fam.target.register_forward_pre_hook(lambda *args: passes.append(1))
+    try:
+        for entry in ENTRY_POINTS:
+            with pytest.raises(MetaSDConfigError, match=r"the target must be able to roll back its cache, but .* is "):
+                metasd(fam.target, PROMPTS[0], fam.pool("mixed"), entry=entry)
+    finally:
+        handle.remove()
+    assert passes == []
