@@ -81,11 +81,28 @@ def greedy(model, input_ids: torch.Tensor, max_new_tokens: int, **kwargs) -> tor
     return model.generate(input_ids, do_sample=False, max_new_tokens=max_new_tokens, **kwargs)
 
 
+#: the entry point `metasd_greedy` goes through: ``"custom_generate"`` (transformers' hook) or ``"enable"``
+#: (``hf_metasd.enable()`` then ``assistant_models=``); a test module sets it per test with `entry_point`
+ENTRY_POINT = {"name": "custom_generate"}
+
+
 def metasd_greedy(model, input_ids: torch.Tensor, max_new_tokens: int, **kwargs):
-    """MetaSD greedy output through transformers' `custom_generate` hook."""
+    """MetaSD greedy output through the entry point `ENTRY_POINT` names (transformers' `custom_generate` hook by
+    default)."""
+    if ENTRY_POINT["name"] == "enable":
+        hf_metasd.enable()
+        return model.generate(input_ids, do_sample=False, max_new_tokens=max_new_tokens, **kwargs)
     return model.generate(
         input_ids, do_sample=False, max_new_tokens=max_new_tokens, custom_generate=hf_metasd.generate, **kwargs
     )
+
+
+@pytest.fixture(params=["custom_generate", "enable"])
+def entry_point(request):
+    """Run a test once through each entry point (`metasd_greedy` follows it); use with ``autouse`` in a module."""
+    ENTRY_POINT["name"] = request.param
+    yield request.param
+    ENTRY_POINT["name"] = "custom_generate"
 
 
 @pytest.fixture(autouse=True)
@@ -187,12 +204,12 @@ class StopOnToken(StoppingCriteria):
 @pytest.fixture
 def no_network(monkeypatch):
     """Any attempt to reach the Hub fails the test (tests that push install a fake `HfApi` over this one)."""
+    import hf_metasd.drafters.load as load_module
     import hf_metasd.pool.pool as pool_module
-    from hf_metasd.pool import weights as weights_module
 
     def refuse(*args, **kwargs):
         raise AssertionError("a test tried to reach the Hugging Face Hub")
 
     monkeypatch.setattr(pool_module, "snapshot_download", refuse)
-    monkeypatch.setattr(weights_module, "snapshot_download", refuse)
+    monkeypatch.setattr(load_module, "snapshot_download", refuse)
     monkeypatch.setattr(pool_module, "HfApi", refuse)
