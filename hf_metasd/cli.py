@@ -1,8 +1,10 @@
-"""`hf-metasd`: argument parsing for the demo and the benchmark (the work is in `hf_metasd.benchmark.run`).
+"""`hf-metasd`: argument parsing for the demo, the benchmark (the work is in `hf_metasd.benchmark.run`) and the
+``custom_generate`` repository (`hf_metasd.custom_generate_repo`).
 
 ```bash
 hf-metasd demo [--prompt TEXT] [--max-new-tokens 96]
 hf-metasd bench [--quick] [--mixed] [--prompts FILE.jsonl] [--out bench_results]
+hf-metasd custom-generate-repo FOLDER [--overwrite]
 ```
 """
 
@@ -88,22 +90,55 @@ def _parser() -> argparse.ArgumentParser:
         "(--tasks / --per-task select among them; default: all)",
     )
     p.add_argument("--out", default="bench_results")
+    p = sub.add_parser(
+        "custom-generate-repo",
+        help="write hf_metasd as a transformers custom_generate repository folder (to use locally or push to the Hub)",
+    )
+    p.add_argument("folder", help="the folder to write (created if missing; must be empty unless --overwrite)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into a folder that holds files: replaces README.md and custom_generate/{generate.py,requirements.txt}, "
+        "keeps every other file",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `hf-metasd` command; returns the process exit code.
 
-    Every option's name is the keyword of `run_demo` / `run_benchmark` it sets (``--per-task`` -> ``per_task``), so
-    the options go through as they are, but ``--sub-pool NAME,NAME`` (repeatable), which becomes ``sub_pools``.
+    Every option's name is the keyword of `run_demo` / `run_benchmark` / `write_custom_generate_repo` it sets
+    (``--per-task`` -> ``per_task``), so the options go through as they are, but ``--sub-pool NAME,NAME``
+    (repeatable), which becomes ``sub_pools``.
     """
+    parser = _parser()
+    options = vars(parser.parse_args(argv))
+    command = options.pop("command")
+    if command == "custom-generate-repo":
+        return _custom_generate_repo(parser, **options)
     from .benchmark.run import run_benchmark, run_demo
 
-    options = vars(_parser().parse_args(argv))
-    if options.pop("command") == "demo":
+    if command == "demo":
         return run_demo(options.pop("prompt"), **options)
     options["sub_pools"] = [names.split(",") for names in options.pop("sub_pool") or []]
     return run_benchmark(**options)
+
+
+def _custom_generate_repo(parser: argparse.ArgumentParser, folder: str, overwrite: bool) -> int:
+    """Write the repository; a folder it must not write into ends the command as a wrong argument does (exit 2)."""
+    from .custom_generate_repo import FILES, write_custom_generate_repo
+    from .errors import CustomGenerateRepoError
+
+    try:
+        written = write_custom_generate_repo(folder, overwrite=overwrite)
+    except CustomGenerateRepoError as err:
+        parser.error(str(err))
+    print(f"wrote {', '.join(FILES)} in {written}")
+    print(
+        f'use it with: model.generate(..., custom_generate="{written}", trust_remote_code=True, '
+        "assistant_models=[drafter, ...])"
+    )
+    return 0
 
 
 if __name__ == "__main__":

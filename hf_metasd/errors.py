@@ -8,9 +8,13 @@ Do Y."
 from __future__ import annotations
 
 __all__ = [
+    "CustomGenerateRepoError",
     "DrafterCompatibilityError",
+    "DuplicateDrafterKindError",
     "InvalidPoolError",
+    "InvalidPoolTypeError",
     "MetaSDConfigError",
+    "MetaSDTypeError",
     "PolicyArmError",
     "UnknownPolicyError",
     "UnknownPolicySettingError",
@@ -20,6 +24,10 @@ __all__ = [
 
 class MetaSDConfigError(ValueError):
     """A `generate` argument that MetaSD cannot serve (empty pool, batch size, draft length, ...)."""
+
+
+class MetaSDTypeError(MetaSDConfigError, TypeError):
+    """A MetaSD setting of the wrong type (``meta_replay="yes"``, ``meta_priors=[...]``)."""
 
 
 class UnknownPolicyError(MetaSDConfigError, KeyError):
@@ -53,3 +61,16 @@ class PolicyArmError(IndexError):
 
 class InvalidPoolError(ValueError):
     """A drafter pool (or its `config.json`) is invalid: it is never saved, pushed or loaded."""
+
+
+class InvalidPoolTypeError(InvalidPoolError, TypeError):
+    """A pool's field or argument has the wrong type (a `str` where a dict belongs, a policy instance to be saved)."""
+
+
+class DuplicateDrafterKindError(ValueError):
+    """`register_drafter_kind` was given a kind name that another class already holds."""
+
+
+class CustomGenerateRepoError(ValueError):
+    """The ``custom_generate`` repository cannot be written: the folder is a file or holds files (without
+    `overwrite`), or its requirements cannot be written in the form transformers checks."""
