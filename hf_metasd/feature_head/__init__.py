@@ -1,0 +1,30 @@
+"""White-box drafting: an EAGLE-3-style head that drafts from the target's own hidden features (issue 34).
+
+* `FeatureHeadConfig` (`config`): the head's shape, sorted JSON, checked ranges.
+* `FeatureHead`, `FeatureHeadCache` (`head`): the module (formulas in its docstring), drafting, cache rollback.
+* `FeatureRecorder` (`features`): the target's features from forward pre-hooks during its verification pass.
+* `save_feature_head`, `load_feature_head` (`io`): hf_metasd's layout; loading also reads speculators' EAGLE-3 layout
+  (`save_speculators`, `load_speculators` in `speculators`), as vLLM and SGLang serve it.
+"""
+
+from .config import FeatureHeadConfig, default_layer_ids
+from .features import FeatureRecorder, feature_modules
+from .head import FeatureHead, FeatureHeadCache
+from .io import load_feature_head, save_feature_head
+from .speculators import load_speculators, save_speculators
+from .vocab import check_vocab_map, vocab_map
+
+__all__ = [
+    "FeatureHead",
+    "FeatureHeadCache",
+    "FeatureHeadConfig",
+    "FeatureRecorder",
+    "check_vocab_map",
+    "default_layer_ids",
+    "feature_modules",
+    "load_feature_head",
+    "load_speculators",
+    "save_feature_head",
+    "save_speculators",
+    "vocab_map",
+]
