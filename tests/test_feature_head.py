@@ -24,6 +24,7 @@ from hf_metasd.feature_head import (
     default_layer_ids,
     load_feature_head,
     save_feature_head,
+    save_head,
     save_speculators,
     vocab_map,
 )
@@ -265,9 +266,9 @@ def test_the_recorder_hands_over_the_layer_inputs_without_output_hidden_states(t
 # saving and loading
 # ======================================================================================================================
 def test_hf_metasd_layout_round_trip_gives_identical_logits(target, head, tmp_path):
-    head.save_pretrained(tmp_path)
+    save_head(head, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["feature_head.safetensors", "feature_head_config.json"]
-    loaded = FeatureHead.from_pretrained(tmp_path, target)
+    loaded = load_feature_head(tmp_path, target)
     assert loaded.config == head.config and loaded.embedding is target.get_input_embeddings()
     features, next_ids = prompt_inputs(target, head)
     a, b = (
@@ -685,7 +686,7 @@ def test_every_other_message_is_pinned(target, head):
         (
             MetaSDConfigError,
             r'`layout` must be "hf_metasd" \(no keyword arguments\) or "speculators", but is \'onnx\'',
-            lambda: head.save_pretrained("unused", layout="onnx"),
+            lambda: save_head(head, "unused", layout="onnx"),
         ),
         (
             InvalidPoolError,

@@ -10,7 +10,7 @@
 from .config import FeatureHeadConfig, default_layer_ids
 from .features import FeatureRecorder, feature_modules
 from .head import FeatureHead, FeatureHeadCache
-from .io import load_feature_head, save_feature_head
+from .layout import load_feature_head, save_feature_head, save_head
 from .speculators import load_speculators, save_speculators
 from .vocab import check_vocab_map, vocab_map
 
@@ -25,6 +25,7 @@ __all__ = [
     "load_feature_head",
     "load_speculators",
     "save_feature_head",
+    "save_head",
     "save_speculators",
     "vocab_map",
 ]

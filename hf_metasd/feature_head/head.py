@@ -332,29 +332,6 @@ class FeatureHead(nn.Module):
                 logits, hidden = self(hidden[:, -1:], token[:, None], cache)
         return torch.stack(tokens, dim=1), torch.stack(scores, dim=1)
 
-    # ------------------------------------------------------------------ saving
-    def save_pretrained(self, folder: Any, *, layout: str = "hf_metasd", **kwargs: Any) -> None:
-        """Save to `folder` in hf_metasd's layout, or with ``layout="speculators"`` in speculators' EAGLE-3 layout
-        (`hf_metasd.feature_head.speculators.save_speculators`, which takes `kwargs`)."""
-        from . import io, speculators
-
-        if layout == "speculators":
-            speculators.save_speculators(self, folder, **kwargs)
-        elif layout == "hf_metasd" and not kwargs:
-            io.save_feature_head(self, folder)
-        else:
-            raise MetaSDConfigError(
-                f'`layout` must be "hf_metasd" (no keyword arguments) or "speculators", but is {layout!r} with '
-                f"{sorted(kwargs)}. Pick one."
-            )
-
-    @classmethod
-    def from_pretrained(cls, folder: Any, target: Any) -> FeatureHead:
-        """Load a head saved in either layout, for `target` (`hf_metasd.feature_head.io.load_feature_head`)."""
-        from .io import load_feature_head
-
-        return load_feature_head(folder, target)
-
 
 def _rotary(config: FeatureHeadConfig) -> LlamaRotaryEmbedding:
     """transformers' Llama rotary embedding for the head's ``head_dim`` and ``rope_parameters`` (every rope type)."""

@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from ..errors import InvalidPoolError, MetaSDConfigError
 from .config import FeatureHeadConfig
@@ -38,10 +37,8 @@ __all__ = [
     "MAX_JSON_BYTES",
     "MAX_JSON_DEPTH",
     "WEIGHTS_NAME",
-    "load_feature_head",
     "read_json",
     "read_tensors",
-    "save_feature_head",
     "tensor_names",
     "weight_files",
 ]
@@ -199,37 +196,3 @@ def new_head(config: FeatureHeadConfig, target: Any, where: str) -> FeatureHead:
     """An untrained head of `config` for `target` (after checking that it fits), on the target's device and dtype."""
     config.check_target(target, where)
     return FeatureHead(config, target.get_input_embeddings())
-
-
-# ======================================================================================================================
-# hf_metasd's layout
-# ======================================================================================================================
-def save_feature_head(head: FeatureHead, folder: str | os.PathLike) -> None:
-    """Write `head` to `folder` in hf_metasd's layout (the module docstring)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in head.state_dict().items()}
-    save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
-    (folder / CONFIG_NAME).write_text(head.config.to_json())
-
-
-def load_feature_head(folder: str | os.PathLike, target: Any) -> FeatureHead:
-    """The head saved in `folder` (hf_metasd's layout, or speculators' EAGLE-3 layout: a ``config.json`` with
-    ``speculators_model_type``), for `target`, in eval mode, on the target's device and dtype."""
-    folder = Path(folder)
-    if (folder / CONFIG_NAME).is_file():
-        fix = "Re-save the head with `FeatureHead.save_pretrained`."
-        where = f"the feature head at {str(folder)!r}"
-        config = FeatureHeadConfig.from_dict(read_json(folder / CONFIG_NAME, fix), f"{str(folder / CONFIG_NAME)!r}")
-        head = new_head(config, target, where)
-        expected = head.state_dict()
-        tensors = read_tensors(weight_files(folder, WEIGHTS_NAME, fix), expected, optional=frozenset(), skipped={})
-        return load_state(head, tensors, where)
-    if (folder / "config.json").is_file():
-        from .speculators import load_speculators
-
-        return load_speculators(folder, target)
-    raise InvalidPoolError(
-        f"the feature head folder {str(folder)!r} must hold {CONFIG_NAME} (hf_metasd's layout) or config.json "
-        "(speculators' EAGLE-3 layout), but holds neither. Pass the folder a head was saved to."
-    )

@@ -4,12 +4,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .base import Policy
-
 __all__ = ["POLICY_REGISTRY"]
 
 #: Every registered policy class by name (`register_policy` adds, `get_policy` reads).
-POLICY_REGISTRY: dict[str, type[Policy]] = {}
+POLICY_REGISTRY: dict[str, type] = {}
