@@ -20,6 +20,7 @@ from .errors import (
     DrafterCompatibilityError,
     InvalidPoolError,
     MetaSDConfigError,
+    MetaSDTypeError,
     PolicyArmError,
     UnknownPolicyError,
     UnknownRewardError,
@@ -45,6 +46,7 @@ from .policies import (
 from .pool import DrafterPool, DrafterPoolConfig, DrafterSpec
 from .reward_memory import clear_reward_memory, reward_memory_scope
 from .rewards import REWARDS, RoundFeedback, block_divergence, block_efficiency
+from .settings import MetaSDSettings
 from .stats import MetaSDStats
 
 __all__ = [
@@ -65,7 +67,9 @@ __all__ = [
     "MetaCandidateGenerator",
     "MetaSDConfigError",
     "MetaSDGenerateOutput",
+    "MetaSDSettings",
     "MetaSDStats",
+    "MetaSDTypeError",
     "ModelDrafter",
     "POLICY_REGISTRY",
     "Policy",

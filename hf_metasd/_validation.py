@@ -65,10 +65,10 @@ def check_bool(name: str, value: object, *, hint: str) -> bool:
     """`value` if it is a bool (``0`` / ``1`` and strings refused), else a `TypeError` naming `name` and `hint`.
 
     Example:
-        >>> check_bool("meta_full_information", "yes", hint="Pass True or False.")
+        >>> check_bool("flag", "yes", hint="Pass True or False.")
         Traceback (most recent call last):
         ...
-        TypeError: `meta_full_information` must be a bool, but is 'yes'. Pass True or False.
+        TypeError: `flag` must be a bool, but is 'yes'. Pass True or False.
     """
     if not isinstance(value, bool):
         raise TypeError(f"`{name}` must be a bool, but is {value!r}. {hint}")

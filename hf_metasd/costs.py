@@ -31,7 +31,7 @@ Example:
 
 from __future__ import annotations
 
-import math
+import json
 import threading
 import weakref
 from collections.abc import Hashable, Sequence
@@ -41,7 +41,7 @@ import torch
 
 from ._validation import check_real
 
-__all__ = ["MAX_ENTRIES", "MIN_PREFILLS", "CostModel", "ObjectKey", "PrefillCosts", "object_key", "target_cache"]
+__all__ = ["MAX_ENTRIES", "CostModel", "ObjectKey", "cost_key", "object_key", "target_cache"]
 
 #: target -> {(arm key, threads): smoothed seconds}: what earlier calls measured.
 _CACHE: weakref.WeakKeyDictionary[Any, dict[tuple[Hashable, int], float]] = weakref.WeakKeyDictionary()
@@ -192,57 +192,14 @@ class CostModel:
         return self._seconds[arm]
 
 
-#: target -> {(arm key, threads): [fastest measured prefill seconds per prompt token, prefills measured]}
-_PREFILL_CACHE: weakref.WeakKeyDictionary[Any, dict[tuple[Hashable, int], list[float]]] = weakref.WeakKeyDictionary()
-
-#: Measured prefills of an arm before `PrefillCosts.estimate` predicts (the first one in a process is cold).
-MIN_PREFILLS = 2
-
-
-class PrefillCosts:
-    r"""Seconds per prompt token of each drafter's prompt prefill (its first ingest of a sequence), to predict the
-    next one.
-
-    A model drafter has to read the whole context before its first draft of a call; on a long prompt that costs more
-    than many rounds (on the 2-core CPU, 4.8 s for the 0.5B Qwen drafter on a summarization prompt, about five plain
-    steps of the 1.5B target). The prediction for a prefill of :math:`T` tokens is
-
-    .. math:: \hat P_a(T) = T \cdot \min_j \frac{s_j}{T_j}
-
-    over the arm's measured prefills :math:`(T_j, s_j)` (the caller leaves out the set-up a drafter reports,
-    `Drafter.setup_seconds`), once there are `MIN_PREFILLS` of them: the fastest rate, and not the first prefill
-    alone, because a drafter's first prefill in a process also pays one-time costs no stopwatch separates (weights
-    paged in, lazy kernels) that must not be charged to every later prompt; an underestimate only makes the prefill
-    gate skip less. Like `CostModel`, what is measured persists across calls per (target, arm key, thread count).
-
-    Example:
-        >>> prefills = PrefillCosts(["d0", "d1"])
-        >>> prefills.observe(0, seconds=7.5, tokens=100)   # the first one, cold
-        >>> prefills.estimate(0, tokens=1000) is None
-        True
-        >>> prefills.observe(0, seconds=2.5, tokens=500)   # 5 ms per token
-        >>> prefills.estimate(0, tokens=1000), prefills.estimate(1, tokens=1000)
-        (5.0, None)
-    """
-
-    def __init__(self, keys: Sequence[Hashable], *, target: Any = None) -> None:
-        self.keys = list(keys)
-        threads = torch.get_num_threads()
-        cache = target_cache(_PREFILL_CACHE, target)
-        self._state: list[list[float]] = []
-        for key in self.keys:
-            state = [math.inf, 0] if cache is None else cache.setdefault((key, threads), [math.inf, 0])
-            self._state.append(state)  # shared with the cache: updated in place
-
-    def observe(self, arm: int, *, seconds: float, tokens: int) -> None:
-        """Fold one measured prefill of `tokens` prompt tokens taking `seconds` into `arm`'s rate."""
-        if tokens <= 0 or seconds < 0:
-            return
-        state = self._state[arm]
-        state[0] = min(state[0], seconds / tokens)
-        state[1] += 1
-
-    def estimate(self, arm: int, *, tokens: int) -> float | None:
-        """Predicted seconds of `arm`'s prefill of `tokens` tokens; ``None`` before `MIN_PREFILLS` measured ones."""
-        rate, count = self._state[arm]
-        return None if count < MIN_PREFILLS else tokens * rate
+def cost_key(drafter: Any) -> tuple[Any, ...]:
+    """What identifies a drafter's costs and learned rewards across calls: its kind, name, settings (`config`) and
+    the object holding its weights or its corpus (shared by a drafter's `spawn` copies), by its `object_key`: not
+    by its id, which a new object reuses once the old one is freed, and the entries of a freed one are swept out
+    (`target_cache`). Two drafters of one name that differ in a setting (a corpus drafter with and without
+    `context_lookup`) or in their data are two drafters."""
+    holder = getattr(drafter, "model", None)
+    if holder is None:
+        holder = getattr(drafter, "index", None)
+    settings = json.dumps(drafter.config(), sort_keys=True, default=repr)
+    return (drafter.kind, drafter.name, settings, object_key(holder) if holder is not None else None)

@@ -159,22 +159,11 @@ def assisted_decoding(
     hidden_states: tuple | None = () if output_hidden_states else None
 
     is_first_iteration = True
-    outputs = None
-    n_matches = 0
     finished = False
     while not finished:
         cur_len = input_ids.shape[1]
         # 1. candidates from the pool (none: a plain target step)
-        if candidate_generator.requires_model_outputs:
-            candidate_ids, candidate_logits = candidate_generator.get_candidates(
-                input_ids,
-                model_kwargs=model_kwargs,
-                model_outputs=outputs,
-                is_first_iteration=is_first_iteration,
-                n_last_matches=n_matches,
-            )
-        else:
-            candidate_ids, candidate_logits = candidate_generator.get_candidates(input_ids)
+        candidate_ids, candidate_logits = candidate_generator.get_candidates(input_ids)
         with stats.timed("verify"):
             candidate_ids = candidate_ids.to(model.device)
             if candidate_logits is not None:
@@ -201,8 +190,6 @@ def assisted_decoding(
             )
             if "logits_to_keep" in model_inputs:
                 model_inputs["logits_to_keep"] = candidate_length + 1
-            if candidate_generator.requires_model_outputs:
-                model_inputs |= candidate_generator.model_kwargs_overrides
             if output_attentions:
                 model_inputs["output_attentions"] = True
             if output_hidden_states:

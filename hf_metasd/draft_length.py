@@ -69,7 +69,7 @@ from .costs import CostModel, target_cache
 from .errors import MetaSDConfigError
 from .reward_memory import current_scope
 
-__all__ = ["DRAFT_LENGTH_MODES", "DraftLength", "check_draft_length_mode", "match_class"]
+__all__ = ["DRAFT_LENGTH_MODES", "DraftLength", "RoundLength", "check_draft_length_mode", "match_class"]
 
 #: The values of ``meta_draft_length``.
 DRAFT_LENGTH_MODES = ("measured", "fixed")
@@ -275,6 +275,71 @@ class DraftLength:
     def summary(self) -> dict[int, float]:
         """Measured seconds of a verification pass by number of tokens (telemetry)."""
         return {k: v[0] for k, v in enumerate(self._verify) if v is not None}
+
+
+class RoundLength:
+    """How many tokens each round of one call drafts: the cap, `num_assistant_tokens` cut by the length budget (the
+    last position is the target's own token); under ``"measured"`` the length `lengths` chooses for the arm; an arm
+    that scores its matches (`match_arms`: corpus drafters) drafts the cap and is cut afterwards by its match class
+    (`cut`; see the module docstring, "Match classes").
+
+    Args:
+        lengths: the call's `DraftLength` (its `max_tokens` is the call's `num_assistant_tokens`).
+        mode: ``"measured"`` or ``"fixed"``.
+        max_length: the call's `max_length` (``None``: no length budget).
+        match_arms: the arms that score their matches.
+        plain_arm: the no-draft arm (it drafts nothing; its length is the cap), or ``None``.
+
+    Example:
+        >>> rounds = RoundLength(DraftLength(num_arms=2, max_tokens=3), "measured", max_length=10, match_arms={1})
+        >>> rounds.cap(5), rounds.cap(8), rounds.choose(1, 5)   # 10 - 8 - 1 = 1 token left; arm 1 drafts the cap
+        (3, 1, 3)
+        >>> tokens, match = rounds.cut(1, torch.tensor([[4, 5, 6]]), match_length=1)
+        >>> tokens.tolist(), match   # nothing measured for class 0 yet: the cap
+        ([[4, 5, 6]], 0)
+    """
+
+    def __init__(
+        self,
+        lengths: DraftLength,
+        mode: str,
+        *,
+        max_length: int | None = None,
+        match_arms: set[int] | frozenset[int] = frozenset(),
+        plain_arm: int | None = None,
+    ) -> None:
+        self.lengths = lengths
+        self.mode = check_draft_length_mode(mode)
+        self.max_length = max_length
+        self.match_arms = frozenset(match_arms)
+        self.plain_arm = plain_arm
+
+    def cap(self, sequence_length: int) -> int:
+        """`num_assistant_tokens`, capped by the length budget after a sequence of `sequence_length` tokens."""
+        cap = self.lengths.max_tokens
+        if self.max_length is not None:
+            cap = max(0, min(cap, self.max_length - sequence_length - 1))
+        return cap
+
+    def cut_by_match(self, arm: int) -> bool:
+        """Whether `arm` drafts the cap and is cut by its match class."""
+        return self.mode == "measured" and arm in self.match_arms
+
+    def choose(self, arm: int, sequence_length: int) -> int:
+        """Tokens `arm` drafts after a sequence of `sequence_length` tokens: the cap, and under ``"measured"`` the
+        length this machine verifies fastest per expected token (`DraftLength.choose`)."""
+        cap = self.cap(sequence_length)
+        if self.mode == "fixed" or arm == self.plain_arm or self.cut_by_match(arm):
+            return cap
+        return self.lengths.choose(arm, cap)
+
+    def cut(self, arm: int, tokens: torch.Tensor, match_length: int) -> tuple[torch.Tensor, int | None]:
+        """`tokens` ``(1, n)`` of an arm cut by its match class (its proposal continued a match of `match_length`
+        tokens), cut to the length that class reads best, and the class; other arms' tokens as they are."""
+        if not self.cut_by_match(arm) or tokens.shape[-1] == 0:
+            return tokens, None
+        match = match_class(match_length)
+        return tokens[:, : self.lengths.choose(arm, tokens.shape[-1], match)], match
 
 
 def check_draft_length_mode(value: object) -> str:

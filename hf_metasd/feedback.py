@@ -1,9 +1,8 @@
-"""Feedback beyond the arm that drafted: the prompt warm start, full-information (counterfactual) scoring and
-replayed rounds.
+"""Feedback beyond the arm that drafted: full-information (counterfactual) scoring and replayed rounds.
 
-The first two reuse what the target computed anyway and what every drafter must ingest anyway before it drafts: the target's
-logits on the prompt (warm start) or on a round's accepted tokens (full information), and the drafter's logits on
-the same positions while it catches up. The scores are the rewards of `hf_metasd.rewards`.
+Full-information scoring reuses what the target computed anyway and what every drafter must ingest anyway before it
+drafts: the target's logits on a round's accepted tokens, and the drafter's logits on the same positions while it
+catches up. The scores are the rewards of `hf_metasd.rewards`.
 
 A **replayed round** is a round that a model-free drafter did not draft, scored in hindsight under greedy decoding:
 the drafter proposes for the round's position (a cheap function of the sequence up to there), and once the sequence
@@ -13,56 +12,26 @@ have accepted (greedy decoding keeps the target's argmax, which is the sequence)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .drafters import Drafter
-from .rewards import RoundFeedback, block_divergence
+from .drafters.prompt_lookup import forbidden_tokens
+from .errors import MetaSDConfigError
+from .rewards import REPLAYABLE_REWARDS, RoundFeedback, is_replayable, reward_name
 
-__all__ = ["ReplayedRound", "counterfactual_feedback", "replayed_accepted", "replayed_feedback", "warm_start_rewards"]
-
-
-def warm_start_rewards(
-    drafters: Sequence[Drafter],
-    input_ids: torch.LongTensor,
-    model_outputs: Any,
-    window: int,
-    prompt_length: int,
-    kept_logits: dict[int, torch.Tensor],
-    *,
-    seen: set[int],
-) -> dict[int, float]:
-    """BD of every drafter with logits on the last `window` prompt positions (called before round 2).
-
-    The target's first forward pass kept its logits on that window (`model_outputs.logits[0, :window]`, positions
-    ``L - w - 1 .. L - 2`` predicting the last `window` prompt tokens). A drafter that prefilled the prompt in round 1
-    kept its own (`kept_logits`); the others prefill now (as they must before drafting), keeping theirs; their prefill
-    is then added to `seen`.
-
-    Returns:
-        ``{arm: 1 - TV averaged over the window}`` for every drafter with logits.
-    """
-    logits = getattr(model_outputs, "logits", None)
-    if logits is None or logits.shape[1] < window:
-        return {}
-    target = logits[0, :window].float()
-    tokens = input_ids[0, prompt_length - window : prompt_length]
-    rewards: dict[int, float] = {}
-    for arm, drafter in enumerate(drafters):
-        if not drafter.returns_logits:
-            continue
-        drafted = kept_logits.pop(arm, None)
-        if drafted is None:  # prefill now, keeping the logits from position L - w - 1 on
-            full = drafter.catch_up(input_ids, return_logits=input_ids.shape[1] - (prompt_length - window - 1))
-            if full is None or full.shape[1] < window:
-                continue
-            drafted = full[0, :window]
-        seen.add(arm)
-        rewards[arm] = block_divergence(target, tokens, drafted.to(target.device))
-    return rewards
+__all__ = [
+    "Replay",
+    "ReplayedRound",
+    "counterfactual_feedback",
+    "is_distribution",
+    "replay_applies",
+    "replayed_accepted",
+    "replayed_feedback",
+]
 
 
 def counterfactual_feedback(
@@ -82,6 +51,9 @@ def counterfactual_feedback(
     those positions. A drafter's counterfactual accepted count is the number of leading positions where its argmax
     is the verified token, capped by the draft length: observable only within the window (a conservative estimate).
 
+    A drafter whose logits there are no distribution (`is_distribution`: NaN weights) could not have drafted
+    there: it is left out, as an abstaining one is.
+
     Returns:
         ``{arm: (feedback, accepted)}`` for every drafter with logits not in `skip`.
     """
@@ -96,6 +68,8 @@ def counterfactual_feedback(
         if logits is None or logits.shape[1] < num:
             continue
         window = logits[0, -num:].to(target.device)
+        if not is_distribution(window):
+            continue
         proposal = window.argmax(-1)
         matches = min(int((proposal == tokens.to(proposal.device)).long().cumprod(0).sum()), num_assistant_tokens)
         counterfactual = RoundFeedback(
@@ -109,6 +83,20 @@ def counterfactual_feedback(
         )
         out[arm] = (counterfactual, matches)
     return out
+
+
+def is_distribution(logits: torch.Tensor | None) -> bool:
+    """Whether every row of `logits` ``(..., V)`` is a distribution a drafter can draft from: its largest entry is
+    finite (a NaN, a ``+inf`` or a row of ``-inf`` make it NaN or infinite); ``None`` (no logits) is not checked.
+
+    Example:
+        >>> inf = float("inf")
+        >>> is_distribution(torch.tensor([[0.0, -inf]])), is_distribution(torch.tensor([[float("nan"), 0.0]]))
+        (True, False)
+        >>> is_distribution(torch.tensor([[-inf, -inf]])), is_distribution(None)
+        (False, True)
+    """
+    return logits is None or bool(torch.isfinite(logits.amax(dim=-1)).all())
 
 
 @dataclass
@@ -188,3 +176,133 @@ def replayed_feedback(
         arm_seconds=arm_seconds,
         plain_seconds=plain_seconds,
     )
+
+
+def replay_applies(setting: bool | None, *, do_sample: bool, reward: Any, policy: Any) -> bool:
+    """``meta_replay`` resolved: ``None`` becomes whether replayed rounds apply (greedy decoding, a reward of
+    `REPLAYABLE_REWARDS`, a policy that `learns_side_observations`); ``True`` where they cannot is refused."""
+    problems = []
+    if do_sample:
+        problems.append(("greedy decoding", "`do_sample` is True"))
+    if not is_replayable(reward):
+        problems.append((f"a reward of {sorted(REPLAYABLE_REWARDS)}", f"the reward is {reward_name(reward)!r}"))
+    if not policy.learns_side_observations:
+        problems.append(
+            ("a policy that learns side observations", f"the policy is {policy.name or type(policy).__name__!r}")
+        )
+    if setting is None:
+        return not problems
+    if setting and problems:
+        needs, but = problems[0]
+        raise MetaSDConfigError(
+            f"`meta_replay` needs {needs}, but {but}. Pass `meta_replay=False`, or leave it out (automatic)."
+        )
+    return setting
+
+
+class Replay:
+    """The replayed rounds of one call (see the module docstring): the model-free drafters `arms` propose for each
+    round they did not draft (`propose`), and each proposal waits until the sequence decides it (`decided`).
+
+    Args:
+        drafters: the call's drafters (indexed by arm).
+        arms: the arms that are replayed (`Drafter.replayable`: prompt lookup, corpus drafters).
+        logits_processor: the call's logits processors (a proposal is made again under them only when they forbid its
+            first token; see `_draft`).
+        clock: the call's stopwatch (what each proposal cost).
+
+    Example:
+        >>> from hf_metasd.drafters import PromptLookupDrafter
+        >>> replay = Replay([PromptLookupDrafter()], [0], None)
+        >>> [r.tokens for r in replay.propose(torch.tensor([[1, 2, 3, 1, 2]]), start=5, num_tokens=lambda arm: 2)]
+        [[3, 1]]
+        >>> replay.decided([1, 2, 3, 1, 2, 3]), [(r.tokens, n) for r, n in replay.decided([1, 2, 3, 1, 2, 3, 1])]
+        ([], [([3, 1], 2)])
+    """
+
+    def __init__(
+        self,
+        drafters: Sequence[Drafter],
+        arms: Sequence[int],
+        logits_processor: Any,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.drafters = drafters
+        self.arms = list(arms)
+        self.logits_processor = logits_processor
+        self.clock = clock if clock is not None else (lambda: 0.0)
+        self._waiting: list[ReplayedRound] = []
+
+    def propose(
+        self,
+        prefix: torch.LongTensor,
+        *,
+        start: int,
+        num_tokens: Callable[[int], int],
+        first_token: int | None = None,
+        vocab_size: int | None = None,
+        cut: Callable[[int, torch.LongTensor], tuple[torch.LongTensor, int | None]] | None = None,
+        skip: Sequence[int] = (),
+    ) -> list[ReplayedRound]:
+        """What each replayed arm not in `skip` would have drafted after `prefix` ``(1, start)``: `num_tokens(arm)`
+        tokens, cut by `cut(arm, tokens)` (``(tokens, match class)``; default: as proposed). `first_token` is the
+        target's token at `start` when known. An arm that would have abstained proposes nothing, as in a real round.
+        The proposals wait for `decided`; returns them."""
+        allowed = self._first_position_filter(prefix, vocab_size)
+        proposed = []
+        for arm in self.arms:
+            if arm in skip:
+                continue
+            begin = self.clock()
+            tokens = self._draft(arm, prefix, num_tokens(arm), first_token, allowed)
+            tokens, match = cut(arm, tokens) if cut is not None else (tokens, None)
+            if tokens.shape[-1] > 0:
+                proposed.append(ReplayedRound(arm, start, tokens[0].tolist(), self.clock() - begin, match))
+        self._waiting.extend(proposed)
+        return proposed
+
+    def decided(self, sequence: Sequence[int]) -> list[tuple[ReplayedRound, int]]:
+        """The waiting proposals that `sequence` now decides, each with the drafted tokens greedy decoding would have
+        accepted (`replayed_accepted`); the others keep waiting."""
+        decided, waiting = [], []
+        for replayed in self._waiting:
+            accepted = replayed_accepted(replayed, sequence)
+            if accepted is None:
+                waiting.append(replayed)
+            else:
+                decided.append((replayed, accepted))
+        self._waiting = waiting
+        return decided
+
+    def _draft(
+        self, arm: int, prefix: torch.LongTensor, num_tokens: int, first_token: int | None, allowed: Callable
+    ) -> torch.LongTensor:
+        """What `arm` would have drafted after `prefix`, ``(1, n)``, without paying the call's logits processors on
+        every proposal.
+
+        The drafter proposes without them. That changes no accepted count when the proposal's first token is the
+        target's (a token the processors forbid is never the target's, and the drafter keeps the same match) or is
+        one they allow at this position (it misses either way); `allowed(token)` tells, from one run of the
+        processors per round. Only a proposal whose first token they forbid is made again with them: the drafter
+        could then have looked for another match, or abstained.
+        """
+        drafter = self.drafters[arm]
+        tokens, _ = drafter.draft(prefix, num_tokens, do_sample=False)
+        if tokens.shape[-1] == 0 or int(tokens[0, 0]) == first_token or allowed(int(tokens[0, 0])):
+            return tokens
+        tokens, _ = drafter.draft(prefix, num_tokens, logits_processor=self.logits_processor, do_sample=False)
+        return tokens
+
+    def _first_position_filter(self, prefix: torch.LongTensor, vocab_size: int | None) -> Callable[[int], bool]:
+        """``allowed(token)``: whether the call's logits processors allow `token` right after `prefix` (they run at
+        most once, on the first question)."""
+        if self.logits_processor is None or len(self.logits_processor) == 0:
+            return lambda token: True
+        forbidden: list[torch.Tensor] = []
+
+        def allowed(token: int) -> bool:
+            if not forbidden:
+                forbidden.append(forbidden_tokens(self.logits_processor, prefix, vocab_size))
+            return not bool(forbidden[0][token])
+
+        return allowed

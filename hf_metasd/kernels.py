@@ -58,7 +58,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +72,7 @@ __all__ = [
     "KernelChoice",
     "KernelSwitch",
     "PassKernels",
+    "VerificationKernels",
     "choose_verification_kernel",
     "clear_kernel_choices",
     "skinny_linear",
@@ -407,3 +408,90 @@ class PassKernels:
             for (threads, k), costs in sorted(self._costs.items())
             if threads == self._threads and costs
         }
+
+
+# ---------------------------------------------------------------------- one call's kernels
+class VerificationKernels:
+    """The verification kernel of one `generate` call: chosen once, then per verification pass, and applied.
+
+    `hf_metasd.generate` builds it (`for_call`) and runs the decoding loop inside `applied`; the candidate generator
+    calls `before_pass` once the round's candidates are known (it switches the kernel of the pass about to run) and
+    `after_pass` with what the pass cost. With a forced kernel (``meta_skinny_gemm=True`` / ``False``), or nothing
+    eligible on the target, the first choice holds for every pass and both hooks do nothing.
+
+    Example:
+        >>> layer = torch.nn.Linear(16, 64)
+        >>> kernels = VerificationKernels(layer, KernelChoice("skinny", measured=True))
+        >>> with kernels.applied():
+        ...     kernels.before_pass(4), kernels.before_pass(1)   # a one-token pass starts on the stock kernel
+        ('skinny', 'stock')
+        >>> VerificationKernels(layer, KernelChoice("stock")).before_pass(4) is None   # forced: not per pass
+        True
+    """
+
+    def __init__(self, model: torch.nn.Module, choice: KernelChoice) -> None:
+        self.model = model
+        self.choice = choice
+        # checked on the call's own passes only when the first choice was measured (not forced by the user)
+        self.per_pass = PassKernels(model, choice.kernel) if choice.measured else None
+        self.switch = KernelSwitch(choice.kernel == "skinny") if choice.measured else None
+
+    @classmethod
+    def for_call(cls, model: torch.nn.Module, skinny: bool | None, num_assistant_tokens: int) -> VerificationKernels:
+        """The kernels of a call: forced by `skinny` (``meta_skinny_gemm``), else measured once per process.
+
+        The layers are timed at the call's longest pass, ``num_assistant_tokens + 1`` rows, or at `DEFAULT_MAX_ROWS`
+        when that is longer: a draft length is a cap and most passes are shorter, and passes beyond
+        `DEFAULT_MAX_ROWS` run the stock product whatever the choice. (Answering "stock" for a cap above it, as
+        before, put every pass of such a call on the stock kernel: with ``num_assistant_tokens=12`` the embedded pool
+        ran at 1.18x plain on dev prompts against 2.00x with 3, `recipes/benchmarks/untrained_pool_probe.py`.)
+        """
+        if skinny is not None:
+            return cls(model, KernelChoice("skinny" if skinny else "stock"))
+        return cls(model, choose_verification_kernel(model, [min(num_assistant_tokens + 1, DEFAULT_MAX_ROWS)]))
+
+    def applied(self) -> AbstractContextManager[Any]:
+        """The `skinny_linear` patch over the call (switched per pass when chosen per pass), or nothing."""
+        if self.switch is not None:
+            return skinny_linear(self.model, switch=self.switch)
+        return skinny_linear(self.model) if self.choice.kernel == "skinny" else nullcontext()
+
+    def before_pass(self, num_tokens: int) -> str | None:
+        """Switch to the kernel of the next verification pass over `num_tokens` tokens and return it (``None``: not
+        chosen per pass, or a pass the transposed product does not apply to)."""
+        if self.per_pass is None:
+            return None
+        kernel = self.per_pass.choose(num_tokens)
+        if kernel is not None:
+            if num_tokens == 1:  # a plain step: "skinny" is the row repeated twice; the drafters' steps never are
+                self.switch.one_row = kernel == "skinny"
+            else:
+                self.switch.skinny = kernel == "skinny"
+        return kernel
+
+    def after_pass(self, num_tokens: int, kernel: str | None, seconds: float | None) -> bool:
+        """Fold a verification pass that ran `kernel` and took `seconds` (``None``: not timed) into the per-pass
+        costs; returns whether it ran the kernel that verifies `num_tokens` tokens fastest so far (its time then
+        measures verification at that length; a re-check of the other kernel does not)."""
+        if self.switch is not None:
+            self.switch.one_row = False  # only for the verification pass it was set for: drafters never
+        if self.per_pass is None or kernel is None:
+            return True
+        fastest = kernel == self.per_pass.best(num_tokens)
+        if seconds is not None:
+            self.per_pass.observe(num_tokens, kernel, seconds)
+        return fastest
+
+    def summary(self, kernels: list[str | None]) -> tuple[str, dict[str, float], dict[int, dict[str, float]]]:
+        """``(kernel, timings, pass_costs)`` of the call for its telemetry: the kernel most of its passes ran (the
+        first choice when none was chosen per pass; `kernels` are the per-round ones), what the layer measurement
+        found, and the smoothed seconds of a pass by length and kernel in this process.
+        """
+        chosen = [kernel for kernel in kernels if kernel is not None]
+        kernel = max(_KERNELS, key=chosen.count) if chosen else self.choice.kernel
+        timings = (
+            {"stock_seconds": self.choice.stock_seconds, "skinny_seconds": self.choice.skinny_seconds}
+            if self.choice.measured
+            else {}
+        )
+        return kernel, timings, ({} if self.per_pass is None else self.per_pass.summary())

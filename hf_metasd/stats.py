@@ -27,7 +27,6 @@ TIME_PARTS = (
     "policy",
     "reward",
     "replay",
-    "warm_start",
     "kernel_choice",
 )
 
@@ -44,29 +43,27 @@ class MetaSDStats:
     round the target decodes alone), ``drafted[r]`` the tokens it drafted, ``accepted[r]`` the drafted tokens kept
     (accepted by the target and before any stopping criterion fired), ``new_tokens[r]`` the tokens the round added to
     the output, ``rewards[r]`` the reward given to the policy (``None``: the policy was not updated for this round),
-    ``abstained[r]`` the arms the policy chose first that had nothing to propose or whose prompt prefill the prefill
-    gate skipped (not pulls: the round went to the policy's `fallback`; `prefill_skips` counts the skipped prefills),
-    ``routed_from[r]`` the arm the policy picked when match routing gave the round to another
-    (``None``: it did not; see `MetaCandidateGenerator`), ``min_confidence[r]`` the confidence stop the drafter drafted under (``None``: none; see
-    `MetaCandidateGenerator`), ``match_classes[r]`` the match class a corpus drafter's draft was cut by (``None``: a
+    ``abstained[r]`` the arms the policy chose first that had nothing to propose (not pulls: the round went to the
+    policy's `fallback`), ``match_classes[r]`` the match class a corpus drafter's draft was cut by (``None``: a
     round of another kind, or a fixed length; `hf_metasd.draft_length`, "Match classes").
 
     Seconds (all from one clock, `clock`): ``draft_seconds`` (drafters' drafting steps, and catch-up of a drafter that
     also drafted the round before: the tokens it is bound to ingest), ``prefill_seconds`` (each drafter's first ingest
     of the sequence: its prompt prefill), ``catch_up_seconds`` (drafters ingesting tokens they missed while other arms
-    ran: the price of switching, also the counterfactual scoring of full-information mode), ``verify_seconds`` (the
-    target's forward pass, acceptance and stopping checks), ``policy_seconds`` (`select`, `fallback`, `update`),
-    ``reward_seconds`` (computing rewards), ``replay_seconds`` (replayed rounds: the model-free drafters that did not
-    draft a round proposing for its position, scored in hindsight; see `MetaCandidateGenerator`), ``warm_start_seconds`` (prompt warm start), ``kernel_choice_seconds`` (timing
-    the CPU verification kernels, first call only). ``wall_seconds`` is the whole decoding loop; `other_seconds` the
-    part no stopwatch covered (transformers' input preparation between rounds). `kernel` is the verification kernel
-    that most of the call's verification passes ran (``"stock"``, ``"skinny"``), ``kernels[r]`` the kernel of round ``r``'s
-    pass when it was chosen per pass (``None``: a pass the transposed product does not apply to, or a kernel forced
-    for the call; `hf_metasd.kernels.PassKernels`), `kernel_timings` what the layer-level measurement found and
-    `kernel_pass_costs` the smoothed seconds of a pass by its tokens and kernel, as timed so far in this process. `learned_priors` holds the prior
-    means the call took from earlier calls (arm name -> mean; `hf_metasd.reward_memory`). `draft_length` is how each
-    round's length was chosen (``"measured"`` or ``"fixed"``; `hf_metasd.draft_length`) and `verification_costs` the
-    smoothed seconds of a target verification pass by its number of tokens, as measured so far in this process.
+    ran: the price of switching, also the counterfactual scoring of a full-information policy), ``verify_seconds``
+    (the target's forward pass, acceptance and stopping checks), ``policy_seconds`` (`select`, `fallback`,
+    `update`), ``reward_seconds`` (computing rewards), ``replay_seconds`` (replayed rounds: the model-free drafters
+    that did not draft a round proposing for its position, scored in hindsight; see `MetaCandidateGenerator`),
+    ``kernel_choice_seconds`` (timing the CPU verification kernels, first call only). ``wall_seconds`` is the whole
+    decoding loop; `other_seconds` the part no stopwatch covered (transformers' input preparation between rounds).
+    `kernel` is the verification kernel that most of the call's verification passes ran (``"stock"``,
+    ``"skinny"``), ``kernels[r]`` the kernel of round ``r``'s pass when it was chosen per pass (``None``: a pass the
+    transposed product does not apply to, or a kernel forced for the call; `hf_metasd.kernels.VerificationKernels`),
+    `kernel_timings` what the layer-level measurement found and `kernel_pass_costs` the smoothed seconds of a pass by
+    its tokens and kernel, as timed so far in this process. `learned_priors` holds the prior means the call took
+    from earlier calls (arm name -> mean; `hf_metasd.priors`). `draft_length` is how each round's length was chosen
+    (``"measured"`` or ``"fixed"``; `hf_metasd.draft_length`) and `verification_costs` the smoothed seconds of a
+    target verification pass by its number of tokens, as measured so far in this process.
     """
 
     drafter_names: list[str]
@@ -80,11 +77,8 @@ class MetaSDStats:
     rewards: list[float | None] = field(default_factory=list)
     catch_up_tokens: list[int] = field(default_factory=list)
     abstained: list[list[int]] = field(default_factory=list)
-    routed_from: list[int | None] = field(default_factory=list)
     kernels: list[str | None] = field(default_factory=list)
-    min_confidence: list[float | None] = field(default_factory=list)
     match_classes: list[int | None] = field(default_factory=list)
-    prefill_skips: int = 0
     draft_seconds: float = 0.0
     prefill_seconds: float = 0.0
     catch_up_seconds: float = 0.0
@@ -92,7 +86,6 @@ class MetaSDStats:
     policy_seconds: float = 0.0
     reward_seconds: float = 0.0
     replay_seconds: float = 0.0
-    warm_start_seconds: float = 0.0
     kernel_choice_seconds: float = 0.0
     wall_seconds: float = 0.0
     kernel: str = "stock"
@@ -101,7 +94,6 @@ class MetaSDStats:
     stopped_by: str | None = None
     counterfactual_rewards: list[dict[int, float]] = field(default_factory=list)
     counterfactual_accepted: list[dict[int, int]] = field(default_factory=list)
-    warm_start_rewards: dict[int, float] = field(default_factory=dict)
     learned_priors: dict[str, float] = field(default_factory=dict)
     draft_length: str = "fixed"
     verification_costs: dict[int, float] = field(default_factory=dict)
@@ -161,7 +153,7 @@ class MetaSDStats:
     @property
     def total_seconds(self) -> float:
         """Sum of the measured parts (`TIME_PARTS`: drafting, prefill, catch-up, verification, policy, reward, replay,
-        warm start, kernel choice)."""
+        kernel choice)."""
         return sum(getattr(self, f"{part}_seconds") for part in TIME_PARTS)
 
     @property
@@ -214,9 +206,6 @@ class MetaSDStats:
                 f"  [{i}] {name:<24} pulls={pulls[i]:>4}  abstained={skipped:>3}  accepted/round={acc:5.2f}  "
                 f"reward={mean_rew:5.3f}"
             )
-        routed = sum(r is not None for r in self.routed_from)
-        if routed:
-            lines.append(f"  match routing gave {routed} of {self.rounds} rounds to another lookup arm")
         by_class: dict[int, list[int]] = {}
         for match, drafted in zip(self.match_classes, self.drafted):
             if match is not None:

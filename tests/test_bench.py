@@ -157,23 +157,6 @@ def test_every_method_warms_up_once_untimed_in_a_memory_scope_the_timed_calls_ne
     assert [scope for *_, scope in seen] == ["autoregressive", "metasd"]
 
 
-def test_bench_records_keep_the_prefill_gates_skips(bench_setup, target, monkeypatch):
-    from hf_metasd import DrafterPool
-    from hf_metasd.costs import PrefillCosts
-
-    drafters, prompts, encode = bench_setup
-    # priors for both model drafters, and every prefill predicted to take a day: the gate skips them in every call
-    pool = DrafterPool(drafters, priors={"qa": 0.5, "rag": 0.5, "no_draft": 0.25})
-    monkeypatch.setattr(PrefillCosts, "estimate", lambda self, arm, tokens: 86400.0)
-    methods = [m for m in build_methods(pool) if m.name in ("autoregressive", "metasd", "metasd (prefill gate)")]
-    records = run_bench(target, None, prompts[:2], methods, max_new_tokens=6, progress=False, encode=encode)
-    gated = [r for r in records if r.method == "metasd (prefill gate)"]
-    assert all(r.identical for r in records)
-    assert all(r.prefill_skips == 0 for r in records if r.method != "metasd (prefill gate)")  # off by default
-    # no model drafter drafted a token (a last round with no room to draft keeps the policy's pick, drafting nothing)
-    assert gated and all(r.prefill_skips > 0 and sum(r.drafted) == 0 for r in gated)
-
-
 def test_bench_records_keep_each_rounds_reward_and_the_priors_learnt_from_earlier_calls(bench_setup, target):
     pool, prompts, encode = bench_setup
     methods = [m for m in build_methods(pool) if m.name in ("autoregressive", "metasd")]

@@ -13,9 +13,8 @@ from conftest import VOCAB, greedy, metasd_greedy, prompts
 from transformers import LogitsProcessorList, SuppressTokensLogitsProcessor
 
 import hf_metasd
-from hf_metasd.drafters import DRAFTER_KINDS, CorpusDrafter, CorpusIndex
-from hf_metasd.drafters import corpus as corpus_module
-from hf_metasd.drafters.corpus import CORPUS_FILE, build_suffix_array
+from hf_metasd.drafters import DRAFTER_KINDS, CorpusDrafter, CorpusIndex, corpus_index
+from hf_metasd.drafters.corpus_index import CORPUS_FILE, build_suffix_array
 from hf_metasd.errors import DrafterCompatibilityError
 
 
@@ -286,7 +285,7 @@ def test_save_corpus_and_from_folder_round_trip_without_rebuilding(tmp_path, mon
     def no_rebuild(values):
         raise AssertionError("from_folder rebuilt the suffix array")
 
-    monkeypatch.setattr(corpus_module, "build_suffix_array", no_rebuild)
+    monkeypatch.setattr(corpus_index, "build_suffix_array", no_rebuild)
     loaded = CorpusDrafter.from_folder(tmp_path / "code", name="code")
     assert loaded.index.documents() == sequences and loaded.vocab_size == VOCAB and loaded.name == "code"
     assert loaded.config() == drafter.config()
@@ -430,7 +429,7 @@ def test_context_match_agrees_with_a_brute_force_search(seed):
     for _ in range(30):
         context = rng.integers(0, 3, size=int(rng.integers(1, 40)))
         expected = max((m for m in range(1, min(6, len(context)) + 1) if _context_ends(context, m)), default=0)
-        m, ends = corpus_module.context_match(context, 6)
+        m, ends = corpus_index.context_match(context, 6)
         assert m == expected and ends.tolist() == (_context_ends(context, m) if m else [])
 
 
@@ -518,107 +517,3 @@ def test_online_growth_through_generate_drafts_an_answer_seen_in_an_earlier_call
         target, prompt, 20, assistant_models=[drafter], return_dict_in_generate=True, meta_policy="fixed"
     )
     assert torch.equal(second.sequences, reference) and sum(second.metasd.accepted) > 0
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# match routing (MetaCandidateGenerator): the corpus drafter with the longest match drafts the round
-# ---------------------------------------------------------------------------------------------------------------------
-def _routing_pool() -> list[CorpusDrafter]:
-    # after "... 1 2 3 4": `long` matches "2 3 4" (3 tokens) and proposes 5 6; `short` matches "3 4" and proposes 7 7;
-    # `tied` matches "3 4" too (as often as `short`) and proposes 8 8
-    long = CorpusDrafter.from_sequences([[2, 3, 4, 5, 6]], vocab_size=VOCAB, name="long")
-    short = CorpusDrafter.from_sequences([[9, 3, 4, 7, 7]], vocab_size=VOCAB, name="short")
-    tied = CorpusDrafter.from_sequences([[9, 3, 4, 8, 8]], vocab_size=VOCAB, name="tied")
-    return [long, short, tied]
-
-
-def _one_round(pool, picked: int, **kwargs):
-    from transformers import GenerationConfig
-
-    from hf_metasd.candidate_generator import MetaCandidateGenerator
-    from hf_metasd.policies import get_policy
-
-    policy = get_policy("fixed", arm=picked) if kwargs.pop("fixed", True) else kwargs.pop("policy")
-    gen = MetaCandidateGenerator(
-        [d.spawn() for d in pool],
-        policy,
-        reward="be",
-        num_assistant_tokens=2,
-        generation_config=GenerationConfig(max_length=64),
-        draft_length="fixed",
-        **kwargs,
-    )
-    candidates, _ = gen.get_candidates(torch.tensor([[1, 2, 3, 4]]))
-    gen.update_candidate_strategy(candidates, torch.zeros(1, 3, VOCAB), 0)
-    return candidates[0, 4:].tolist(), gen.stats
-
-
-def test_match_routing_gives_the_round_to_the_longest_match_and_records_the_pick():
-    drafted, stats = _one_round(_routing_pool(), picked=1, match_routing=True)
-    assert drafted == [5, 6] and stats.arms == [0] and stats.routed_from == [1]
-    assert "match routing gave 1 of 1 rounds to another lookup arm" in stats.summary()
-
-
-def test_match_routing_keeps_the_policys_pick_on_a_tie_and_when_it_is_off():
-    pool = _routing_pool()
-    assert _one_round(pool[1:], picked=1, match_routing=True)[0] == [8, 8]  # `tied` vs `short`: equal, pick kept
-    drafted, stats = _one_round(pool, picked=1, match_routing=False)
-    assert drafted == [7, 7] and stats.arms == [1] and stats.routed_from == [None]
-
-
-def test_match_routing_is_off_by_default_and_works_under_any_policy():
-    from hf_metasd.policies import Policy
-
-    assert _one_round(_routing_pool(), picked=1)[1].routed_from == [None]  # off unless asked for
-
-    class PicksOne(Policy):  # any policy (here one that happens to pick arm 1 too)
-        name = "picks_one"
-
-        def select(self):
-            return 1
-
-    drafted, stats = _one_round(_routing_pool(), picked=1, fixed=False, policy=PicksOne(), match_routing=True)
-    assert drafted == [5, 6] and stats.routed_from == [1]
-
-
-def test_match_routing_leaves_arms_that_score_no_matches_alone():
-    from hf_metasd.drafters import PromptLookupDrafter
-
-    pool = [*_routing_pool()[:1], PromptLookupDrafter()]  # prompt lookup: no match score; "4" never occurred before
-    drafted, stats = _one_round(pool, picked=1, match_routing=True)
-    assert stats.arms == [1] and stats.routed_from == [None] and drafted == []
-
-
-def test_match_routing_must_be_a_bool(target):
-    with pytest.raises(hf_metasd.errors.MetaSDConfigError) as err:
-        _one_round(_routing_pool(), picked=0, match_routing="yes")
-    assert str(err.value) == "`meta_match_routing` must be True or False, but is 'yes'. Pass a bool."
-    calls = []
-    handle = target.register_forward_pre_hook(lambda *_: calls.append(1))
-    try:  # through generate: refused before any compute
-        with pytest.raises(hf_metasd.errors.MetaSDConfigError, match=r"`meta_match_routing` must be True or False"):
-            metasd_greedy(target, prompts(1)[0], 4, assistant_models=_routing_pool(), meta_match_routing="yes")
-    finally:
-        handle.remove()
-    assert not calls
-
-
-def test_greedy_output_is_the_targets_own_with_match_routing_and_rounds_are_routed(target):
-    known = prompts(6, seed=7)
-    answers = [greedy(target, p, 20)[0, p.shape[1] :].tolist() for p in known]
-    good = CorpusDrafter.from_sequences(answers, vocab_size=VOCAB, name="answers")
-    poor = CorpusDrafter.from_sequences([answers[0][:4]], vocab_size=VOCAB, name="poor", min_match_length=1)
-    routed = 0
-    for prompt in known:
-        out = metasd_greedy(
-            target,
-            prompt,
-            20,
-            assistant_models=[poor, good],
-            meta_policy="ucb",
-            meta_match_routing=True,
-            return_dict_in_generate=True,
-        )
-        assert torch.equal(out.sequences, greedy(target, prompt, 20)), "match routing changed the greedy output"
-        routed += sum(r is not None for r in out.metasd.routed_from)
-    assert routed > 0

@@ -1,4 +1,4 @@
-"""What a call learns about a drafter (round and prefill costs, acceptance counts, learned priors) stays with that
+"""What a call learns about a drafter (round costs, acceptance counts, learned priors) stays with that
 drafter: keyed by `hf_metasd.costs.object_key` of the object holding its weights or corpus, never by an id a new
 object can reuse, and swept out of the per-process caches once that object is gone."""
 
@@ -30,7 +30,6 @@ def _maps(target) -> dict[str, dict]:
     """The target's map in each per-process cache, fetched (and so swept) as a call would."""
     return {
         "round costs": target_cache(costs._CACHE, target),
-        "prefill costs": target_cache(costs._PREFILL_CACHE, target),
         "acceptance counts": target_cache(draft_length._CACHE, target),
         "learned rewards": target_cache(reward_memory._STORES.setdefault(None, type(costs._CACHE)()), target),
     }

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import VOCAB, greedy, lossless_under, metasd_greedy, prompts, sharpen, tiny_llama
@@ -14,14 +17,17 @@ import hf_metasd
 from hf_metasd.drafters import (
     DRAFTER_KINDS,
     CorpusDrafter,
+    DrafterSpec,
     EarlyExitDrafter,
     LoraDrafter,
     ModelDrafter,
     PromptLookupDrafter,
     as_drafters,
     prompt_lookup_candidates,
+    register_drafter_kind,
+    registry,
 )
-from hf_metasd.errors import DrafterCompatibilityError
+from hf_metasd.errors import DrafterCompatibilityError, DuplicateDrafterKindError
 from hf_metasd.policies import POLICY_REGISTRY
 
 MAX_NEW = 24
@@ -62,6 +68,54 @@ def references(target):
 
 def test_every_kind_is_covered():
     assert sorted(FACTORIES) == sorted(DRAFTER_KINDS)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the registry of kinds, and the layering: drafters own their pool entry, the pool builds on them
+# ---------------------------------------------------------------------------------------------------------------------
+def test_every_built_in_kind_is_registered_once_under_its_own_name():
+    assert all(cls.kind == kind for kind, cls in DRAFTER_KINDS.items())
+    assert len(set(DRAFTER_KINDS.values())) == len(DRAFTER_KINDS)
+
+
+def test_a_kind_name_is_refused_when_another_class_holds_it(monkeypatch):
+    monkeypatch.setattr(registry, "DRAFTER_KINDS", dict(DRAFTER_KINDS))  # what this test registers does not stay
+
+    class MyLookup(PromptLookupDrafter):
+        kind = "prompt_lookup"
+
+    with pytest.raises(
+        DuplicateDrafterKindError,
+        match=r"`kind` must be a name not yet registered, but 'prompt_lookup' is registered by "
+        r"hf_metasd\.drafters\.prompt_lookup\.PromptLookupDrafter\. Give `MyLookup\.kind` another name\.",
+    ):
+        register_drafter_kind(MyLookup)
+    assert issubclass(DuplicateDrafterKindError, ValueError)
+    assert registry.DRAFTER_KINDS["prompt_lookup"] is PromptLookupDrafter  # the first registration stands
+    MyLookup.kind = "my_lookup"  # the fix the message suggests works
+    assert register_drafter_kind(MyLookup) is MyLookup and registry.DRAFTER_KINDS["my_lookup"] is MyLookup
+    assert register_drafter_kind(PromptLookupDrafter) is PromptLookupDrafter  # the same class again changes nothing
+    with pytest.raises(TypeError, match=r"`cls` must be a subclass of `Drafter`, but is <class 'int'>\."):
+        register_drafter_kind(int)
+
+
+def test_no_drafter_module_imports_the_pool():
+    """`pool/` depends on `drafters/`, never the reverse: every drafter module's imports, delayed ones included."""
+    folder = Path(hf_metasd.drafters.__file__).parent
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                names = [("." * node.level) + (node.module or "")]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            assert not any(n.startswith(("..pool", "hf_metasd.pool")) for n in names), (path.name, names)
+
+
+def test_the_pool_entry_is_the_drafters_own_and_importable_where_it_was():
+    assert hf_metasd.DrafterSpec is hf_metasd.pool.DrafterSpec is hf_metasd.drafters.DrafterSpec
+    assert hf_metasd.pool.config.DrafterSpec is DrafterSpec
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -192,6 +246,15 @@ def test_prompt_lookup_rejects_bad_settings(kwargs, match):
     assert PromptLookupDrafter(**fixed).draft(torch.tensor([[1, 2, 1]]), 2)[0].tolist() == [[2, 1]]
 
 
+@pytest.mark.parametrize(
+    "kwargs", [{"max_matching_ngram_size": "2"}, {"num_output_tokens": 2.0}, {"num_output_tokens": True}]
+)
+def test_prompt_lookup_settings_of_the_wrong_type_are_type_errors(kwargs):
+    ((key, value),) = kwargs.items()
+    with pytest.raises(TypeError, match=rf"`{key}` must be an int >= 1, but is {value!r}\. Use e\.g\. "):
+        PromptLookupDrafter(**kwargs)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # LoRA arms on one base
 # ---------------------------------------------------------------------------------------------------------------------
@@ -308,6 +371,8 @@ def test_early_exit_errors_name_the_fix(target):
         EarlyExitDrafter(gpt2, num_layers=1)
     with pytest.raises(ValueError, match=r"`num_layers` must be an int in \[1, 2\] .*, but is 3\. Use e\.g\. 1"):
         EarlyExitDrafter(target, num_layers=3)
+    with pytest.raises(TypeError, match=r"`num_layers` must be an int in \[1, 2\] .*, but is '1'\. Use e\.g\. 1"):
+        EarlyExitDrafter(target, num_layers="1")
     assert EarlyExitDrafter(target, num_layers=1).num_layers == 1
     hooked = tiny_llama(0)
     hooked.model.layers[1].forward = lambda *args, **kwargs: None  # what accelerate's device_map hooks do

@@ -18,6 +18,7 @@ from hf_metasd import (
 )
 from hf_metasd.errors import UnknownPolicySettingError
 from hf_metasd.policies import POLICY_REGISTRY, Policy
+from hf_metasd.settings import RETIRED_SETTINGS
 
 PROMPT = prompts(1)[0]
 
@@ -247,15 +248,33 @@ def test_assistant_tokenizer_with_assistant_models_is_refused_through_enable(tar
 # ---------------------------------------------------------------------------------------------------------------------
 # MetaSD settings of the wrong type or value
 # ---------------------------------------------------------------------------------------------------------------------
-def test_full_information_must_be_a_bool(target, drafters, forward_calls):
+@pytest.mark.parametrize("key", sorted(RETIRED_SETTINGS))
+@pytest.mark.parametrize("where", ["custom_generate", "enable", "generation_config"])
+def test_a_removed_setting_is_refused_with_why_and_what_to_do(target, drafters, forward_calls, key, where):
+    setting = {key: 4 if key == "meta_warm_start" else True}
+    place = "`generate`'s keyword arguments"
+    if where == "generation_config":
+        from transformers import GenerationConfig
+
+        setting, place = {"generation_config": GenerationConfig(**setting)}, "the `GenerationConfig`"
     _raises_before_compute(
         forward_calls,
         MetaSDConfigError,
-        r"`meta_full_information` must be True or False, but is 'yes'\. Pass a bool\.",
-        lambda: metasd_greedy(target, PROMPT, 5, assistant_models=drafters, meta_full_information="yes"),
+        rf"^{place} must not set `{key}`, but set it: the setting was removed "
+        rf"\({re.escape(RETIRED_SETTINGS[key])}\)\. Drop it\.$",
+        lambda: _generate(where, target, PROMPT, 5, assistant_models=drafters, **setting),
     )
-    out = metasd_greedy(target, PROMPT, 5, assistant_models=drafters, meta_full_information=True, meta_reward="bd")
-    assert torch.equal(out, greedy(target, PROMPT, 5))
+    # the fix: drop it (for full information, a full-information policy such as hedge scores every drafter)
+    assert torch.equal(_generate(where, target, PROMPT, 5, assistant_models=drafters), greedy(target, PROMPT, 5))
+
+
+def test_a_removed_setting_without_assistant_models_is_refused_too(target):
+    hf_metasd.enable()
+    try:
+        with pytest.raises(MetaSDConfigError, match=r"must not set `meta_warm_start`, but set it: the setting was"):
+            target.generate(PROMPT, max_new_tokens=5, do_sample=False, meta_warm_start=4)
+    finally:
+        hf_metasd.disable()
 
 
 def test_unknown_policy_setting_names_the_policy_the_key_and_the_valid_settings(target, drafters, forward_calls):

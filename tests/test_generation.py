@@ -227,7 +227,7 @@ def test_full_information_scores_every_drafter(target, pools, references):
         PROMPTS[0],
         MAX_NEW,
         assistant_models=pools[3],
-        meta_full_information=True,
+        meta_policy="hedge",  # a full-information policy: every drafter is scored each round
         meta_reward="bd",
         return_dict_in_generate=True,
     )
@@ -235,44 +235,6 @@ def test_full_information_scores_every_drafter(target, pools, references):
     cf = out.metasd.counterfactual_rewards
     assert len(cf) == sum(1 for d in out.metasd.drafted if d > 0)
     assert all(len(r) == 3 and all(0.0 <= v <= 1.0 for v in r.values()) for r in cf[1:])
-
-
-def test_prompt_warm_start_scores_every_drafter_before_round_two(target, drafters, target_copy):
-    prompt = PROMPTS[7]
-    pool = [drafters[0], drafters[1], target_copy]
-    kwargs = {"return_dict_in_generate": True, "meta_reward": "bd", "meta_learned_priors": False}
-    cold = metasd_greedy(target, prompt, 30, assistant_models=pool, **kwargs)
-    warm = metasd_greedy(target, prompt, 30, assistant_models=pool, meta_warm_start=4, **kwargs)
-    assert torch.equal(warm.sequences, greedy(target, prompt, 30)) and torch.equal(cold.sequences, warm.sequences)
-    rewards = warm.metasd.warm_start_rewards
-    assert sorted(rewards) == [0, 1, 2]
-    assert rewards[2] == pytest.approx(1.0, abs=1e-5)  # the exact copy agrees with the target on the prompt
-    assert rewards[0] < 0.9 and rewards[1] < 0.9
-    # cold UCB spends round 2 exploring drafter 1; warm UCB already knows and goes to the copy
-    assert cold.metasd.arms[:3] == [0, 1, 2]
-    assert warm.metasd.arms[:2] == [0, 2]
-    assert sum(warm.metasd.accepted[:2]) > sum(cold.metasd.accepted[:2])
-
-
-def test_warm_start_target_window_matches_a_manual_forward(target, drafters):
-    """The window logits the generator used are the target's own logits on the last prompt positions."""
-    prompt = PROMPTS[8]
-    window = 3
-    out = metasd_greedy(
-        target, prompt, 4, assistant_models=[drafters[0]], meta_warm_start=window, return_dict_in_generate=True
-    )
-    with torch.no_grad():
-        p = target(prompt).logits[0, -window - 1 : -1]
-        q = drafters[0](prompt).logits[0, -window - 1 : -1]
-    expected = hf_metasd.block_divergence(p, prompt[0, -window:], q)
-    assert out.metasd.warm_start_rewards[0] == pytest.approx(expected, abs=1e-5)
-
-
-def test_warm_start_must_be_a_non_negative_int(target, drafters):
-    with pytest.raises(
-        hf_metasd.MetaSDConfigError, match=r"`meta_warm_start` must be an int >= 0 \(prompt positions\), but is -1"
-    ):
-        metasd_greedy(target, PROMPTS[0], 4, assistant_models=drafters, meta_warm_start=-1)
 
 
 def test_full_information_trace_replays_in_the_simulator(target, drafters, target_copy):
@@ -284,7 +246,7 @@ def test_full_information_trace_replays_in_the_simulator(target, drafters, targe
         PROMPTS[9],
         40,
         assistant_models=pool,
-        meta_full_information=True,
+        meta_policy="hedge",  # a full-information policy: every drafter is scored each round
         meta_reward="bd",
         return_dict_in_generate=True,
     )

@@ -161,13 +161,13 @@ def test_generate_reports_the_measured_kernel(target, drafters):
 
 
 def test_a_draft_cap_above_max_rows_still_measures_the_kernel_and_checks_short_passes(target, drafters, monkeypatch):
-    import hf_metasd.generation
+    import hf_metasd.kernels
     from hf_metasd.kernels import DEFAULT_MAX_ROWS, clear_kernel_choices
 
     asked = []
-    choose = hf_metasd.generation.choose_verification_kernel
+    choose = hf_metasd.kernels.choose_verification_kernel
     monkeypatch.setattr(
-        hf_metasd.generation,
+        hf_metasd.kernels,
         "choose_verification_kernel",
         lambda model, rows: asked.append(rows) or choose(model, rows),
     )
@@ -303,12 +303,10 @@ def test_generate_times_its_plain_steps_under_both_one_row_products_and_stays_lo
 def test_generate_checks_a_wrong_first_choice_on_its_passes_and_stays_lossless(target, drafters, monkeypatch):
     """A layer-level measurement that said "stock" (as a burst of load can make it say) while this process's passes
     of 4 tokens cost ten times more under it: the call verifies those passes with the transposed product."""
-    from hf_metasd import generation
+    from hf_metasd import kernels
     from hf_metasd.kernels import _PASS_COSTS, KernelChoice
 
-    monkeypatch.setattr(
-        generation, "choose_verification_kernel", lambda *a, **k: KernelChoice("stock", 1.0, 1.1, True)
-    )
+    monkeypatch.setattr(kernels, "choose_verification_kernel", lambda *a, **k: KernelChoice("stock", 1.0, 1.1, True))
     _PASS_COSTS[target] = {(torch.get_num_threads(), 4): {"stock": (1.0, 3), "skinny": (0.1, 3)}}
     prompt = prompts(1, seed=3)[0]
     out = metasd_greedy(
@@ -327,3 +325,44 @@ def test_generate_checks_a_wrong_first_choice_on_its_passes_and_stays_lossless(t
     assert four and set(four) == {"skinny"} and stats.kernel == "skinny"
     assert stats.kernels[0] is None  # the first pass holds the prompt
     assert set(stats.kernel_pass_costs[4]) == {"stock", "skinny"}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# one call's kernels (`VerificationKernels`): the hook the candidate generator calls around each verification pass
+# ---------------------------------------------------------------------------------------------------------------------
+def test_verification_kernels_switch_before_a_pass_and_learn_after_it(monkeypatch):
+    from hf_metasd.kernels import KernelChoice, VerificationKernels
+
+    layer = torch.nn.Linear(16, 64)
+    kernels = VerificationKernels(layer, KernelChoice("skinny", 1.0, 0.5, True))
+    calls = _counting_mm(monkeypatch)
+    with kernels.applied():
+        assert kernels.before_pass(3) == "skinny" and kernels.switch.skinny
+        layer(torch.randn(3, 16))
+        assert len(calls) == 1  # the transposed product ran
+        assert kernels.after_pass(3, "skinny", 0.2)  # the only kernel timed at 3: the fastest so far
+        assert kernels.before_pass(3) == "stock" and not kernels.switch.skinny  # then the other one, once
+        assert kernels.after_pass(3, "stock", 0.4) is False  # a re-check of the slower kernel
+        assert kernels.before_pass(1) == "stock" and not kernels.switch.one_row
+        kernels.after_pass(1, "stock", 0.1)
+        assert kernels.before_pass(1) == "skinny" and kernels.switch.one_row  # the row repeated twice, once
+        kernels.after_pass(1, "skinny", None)
+        assert not kernels.switch.one_row  # only for the pass it was set for: drafters' steps never run it
+    assert "forward" not in layer.__dict__
+    assert kernels.summary(["skinny", "stock", "skinny", None]) == (
+        "skinny",
+        {"stock_seconds": 1.0, "skinny_seconds": 0.5},
+        {1: {"stock": 0.1}, 3: {"skinny": 0.2, "stock": 0.4}},
+    )
+
+
+def test_forced_verification_kernels_hold_for_every_pass():
+    from hf_metasd.kernels import VerificationKernels
+
+    layer = torch.nn.Linear(16, 64)
+    forced = VerificationKernels.for_call(layer, True, 3)
+    assert not forced.choice.measured and forced.before_pass(4) is None and forced.after_pass(4, None, 0.1)
+    with forced.applied():
+        assert "forward" in layer.__dict__  # the transposed product for the whole call
+    assert forced.summary([None, None]) == ("skinny", {}, {})
+    assert VerificationKernels.for_call(layer, False, 3).summary([]) == ("stock", {}, {})

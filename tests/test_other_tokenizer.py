@@ -21,13 +21,8 @@ from transformers import (
 
 import hf_metasd
 from hf_metasd.drafters import DRAFTER_KINDS, ModelDrafter, PromptLookupDrafter, tokenizer_fingerprint
-from hf_metasd.drafters.other_tokenizer import (
-    Continuation,
-    TokenizerBridgeDrafter,
-    continuation_ids,
-    draft_steps,
-    leading_special_ids,
-)
+from hf_metasd.drafters.other_tokenizer import TokenizerBridgeDrafter
+from hf_metasd.drafters.retokenize import Continuation, continuation_ids, draft_steps, leading_special_ids
 from hf_metasd.errors import DrafterCompatibilityError, InvalidPoolError
 from hf_metasd.policies import POLICY_REGISTRY
 from hf_metasd.pool import DrafterPool, DrafterPoolConfig
@@ -485,6 +480,8 @@ def test_construction_errors_name_the_fix():
         TokenizerBridgeDrafter(model, tokenizer, target_tokenizer=3)
     with pytest.raises(ValueError, match=r"`lookbehind` must be an int >= 1 .* but is 0\. Use e\.g\. 10\."):
         TokenizerBridgeDrafter(model, tokenizer, lookbehind=0)
+    with pytest.raises(TypeError, match=r"`lookbehind` must be an int >= 1 .* but is '10'\. Use e\.g\. 10\."):
+        TokenizerBridgeDrafter(model, tokenizer, lookbehind="10")
     with pytest.raises(
         DrafterCompatibilityError,
         match=r"drafter 'small' must have a `tokenizer` whose ids fit its model's vocabulary size 96, but the "

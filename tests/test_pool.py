@@ -18,9 +18,9 @@ from transformers import AutoModelForCausalLM
 import hf_metasd
 import hf_metasd.pool.pool as pool_module
 from hf_metasd.drafters import Drafter, EarlyExitDrafter, LoraDrafter, ModelDrafter, PromptLookupDrafter
+from hf_metasd.drafters.save import base_state_dict
 from hf_metasd.errors import DrafterCompatibilityError, InvalidPoolError
 from hf_metasd.pool import FORMAT_VERSION, DrafterPool, DrafterPoolConfig, DrafterSpec
-from hf_metasd.pool import weights as weights_module
 
 MAX_NEW = 16
 PROMPTS = prompts(3, seed=7)
@@ -151,7 +151,7 @@ def test_a_trained_drafter_folder_becomes_a_pool(target, tmp_path):
     base = peft_model.get_base_model()
     (tmp_path / "base").mkdir()
     base.config.save_pretrained(tmp_path / "base")
-    state = weights_module.base_state_dict(base, drop_embeddings=True)  # what the trainer saves
+    state = base_state_dict(base, drop_embeddings=True)  # what the trainer saves
     save_file(state, tmp_path / "base/model.safetensors", metadata={"format": "pt"})
     (tmp_path / "head_token_ids.json").write_text(json.dumps(arms[0].head_token_ids.tolist()))
     for task in TASKS:
@@ -505,7 +505,7 @@ def test_bfloat16_drafters_for_a_float32_target(target, tmp_path):
     base = peft_model.get_base_model()
     (tmp_path / "base").mkdir()
     base.config.save_pretrained(tmp_path / "base")
-    save_file(weights_module.base_state_dict(base, drop_embeddings=True), tmp_path / "base/model.safetensors")
+    save_file(base_state_dict(base, drop_embeddings=True), tmp_path / "base/model.safetensors")
     for task in TASKS:
         peft_model.save_pretrained(tmp_path / "adapters", selected_adapters=[task])
     params = {"base": "base", "adapters_dir": "adapters", "share_target_embeddings": True, "dtype": "bfloat16"}

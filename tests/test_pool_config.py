@@ -13,8 +13,9 @@ import pytest
 
 import hf_metasd
 from hf_metasd.drafters import DRAFTER_KINDS, Drafter, PromptLookupDrafter, tokenizer_fingerprint
-from hf_metasd.errors import InvalidPoolError
+from hf_metasd.errors import InvalidPoolError, InvalidPoolTypeError
 from hf_metasd.generation import DEFAULTS
+from hf_metasd.policies import get_policy
 from hf_metasd.pool import FORMAT_VERSION, DrafterPool, DrafterPoolConfig, DrafterSpec
 
 # the embedded pool as shipped before the pool/ layout
@@ -87,6 +88,33 @@ def test_unknown_keys_in_a_readable_format_give_one_warning_naming_them():
     assert "['speculative_magic', 'drafters[0].warp_factor']" in message and "9.0.0" in message
     assert "Upgrade hf_metasd" in message
     assert config.drafters[0].name == "pl"
+
+
+@pytest.mark.parametrize("retired", [{"meta_prefill_gate": "measured, it did not help"}, ("meta_prefill_gate",)])
+def test_a_retired_setting_is_dropped_with_one_warning_naming_it(tmp_path, monkeypatch, retired):
+    """A pool written when `meta_prefill_gate` was a setting still loads; the key is named once and dropped."""
+    monkeypatch.setattr(hf_metasd.settings, "RETIRED_SETTINGS", retired)  # read at load time
+    data = _data(meta_prefill_gate=True)
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = DrafterPoolConfig.from_json_file(tmp_path / "config.json")
+    (message,) = _ours(caught)
+    assert "sets ['meta_prefill_gate'], settings this hf_metasd" in message and "no longer reads" in message
+    assert ("measured, it did not help" in message) == isinstance(retired, dict)
+    assert "Upgrade hf_metasd" not in message  # not a key of a newer version
+    config.validate()
+    assert "meta_prefill_gate" not in config.to_json_string()  # dropped: saving again writes the pool without it
+    assert config.to_dict() == DrafterPoolConfig.from_dict(_data()).to_dict()
+
+
+def test_retired_and_unknown_keys_together_give_one_warning_naming_both(monkeypatch):
+    monkeypatch.setattr(hf_metasd.settings, "RETIRED_SETTINGS", {"meta_prefill_gate": "measured, it did not help"})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        DrafterPoolConfig.from_dict(_data(meta_prefill_gate=False, speculative_magic=3))
+    (message,) = _ours(caught)
+    assert "['meta_prefill_gate']" in message and "ignored: ['speculative_magic']" in message
 
 
 def test_the_embedded_pool_config_still_loads_unchanged():
@@ -187,15 +215,68 @@ PRIOR_ERRORS = {
 }
 
 
+#: the cases above whose value has the wrong type: their error is also a `TypeError` (`InvalidPoolTypeError`)
+WRONG_TYPE_PRIORS = {"bool", "not a dict"}
+
+
 @pytest.mark.parametrize("case", sorted(PRIOR_ERRORS))
 def test_bad_priors_are_refused_by_the_pool_and_the_config(case):
     settings, match = PRIOR_ERRORS[case]
     drafters = [PromptLookupDrafter(name="pl"), PromptLookupDrafter(name="lookup")]
-    with pytest.raises(InvalidPoolError, match=match):
+    with pytest.raises(InvalidPoolError, match=match) as caught:
         DrafterPool(drafters, **settings)
+    assert isinstance(caught.value, TypeError) == (case in WRONG_TYPE_PRIORS)
     specs = [DrafterSpec("prompt_lookup", "pl"), DrafterSpec("prompt_lookup", "lookup")]
-    with pytest.raises(InvalidPoolError, match=match):
+    with pytest.raises(InvalidPoolError, match=match) as caught:
         DrafterPoolConfig(drafters=specs, **settings).validate()
+    assert isinstance(caught.value, TypeError) == (case in WRONG_TYPE_PRIORS)
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        (
+            {"policy": get_policy("ucb")},
+            r"pool `policy` must be a registered policy name \(instances cannot be saved\)",
+        ),
+        ({"reward": len}, r"pool `reward` must be a reward name in \[.*\] \(callables cannot be saved\), but is"),
+        ({"num_assistant_tokens": "3"}, r"pool `num_assistant_tokens` must be an int >= 1, but is '3'\. Use e\.g\. 3"),
+        ({"policy_kwargs": {"beta": object()}}, r"pool `policy_kwargs` must be JSON-serialisable to be saved"),
+    ],
+)
+def test_pool_defaults_of_the_wrong_type_are_type_errors(settings, match):
+    with pytest.raises(InvalidPoolTypeError, match=match) as caught:
+        DrafterPool([PromptLookupDrafter()], **settings)
+    assert isinstance(caught.value, TypeError) and isinstance(caught.value, InvalidPoolError)
+    with pytest.raises(InvalidPoolError, match=r"pool `num_assistant_tokens` must be an int >= 1, but is 0") as caught:
+        DrafterPool([PromptLookupDrafter()], num_assistant_tokens=0)  # a bad value stays a ValueError only
+    assert not isinstance(caught.value, TypeError)
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (lambda d: d.update(num_assistant_tokens="3"), r"config\.json `num_assistant_tokens` must be int, but is '3'"),
+        (
+            lambda d: d["drafters"][0].update(stored="yes"),
+            r"config\.json `drafters\[0\]\.stored` must be bool, but is",
+        ),
+        (lambda d: d.update(format_version="1"), r"config\.json `format_version` must be an int >= 1, but is '1'"),
+        (lambda d: d.update(drafters=["pl"]), r"config\.json `drafters\[0\]` must be a JSON object, but is str"),
+        (lambda d: d.update(tokenizer_hash=5), r"config\.json `tokenizer_hash` must be str or null, but is 5\. Fix"),
+    ],
+)
+def test_a_config_field_of_the_wrong_type_is_a_type_error(edit, match):
+    data = _data()
+    edit(data)
+    with pytest.raises(InvalidPoolTypeError, match=match):
+        DrafterPoolConfig.from_dict(data).validate()
+    with pytest.raises(InvalidPoolError, match=r"must be an int >= 1, but is 0") as caught:
+        DrafterPoolConfig.from_dict(_data(format_version=0))
+    assert not isinstance(caught.value, TypeError)
+    config = DrafterPoolConfig([DrafterSpec("prompt_lookup", "pl")], tokenizer_hash=5)  # in memory, not parsed
+    with pytest.raises(InvalidPoolTypeError, match=r"pool `tokenizer_hash` must be a sha256 hex digest .*, but is 5"):
+        config.validate()
 
 
 def test_priors_of_repeated_names_use_the_arm_names_a_call_reports():

@@ -8,8 +8,7 @@ registered later adds its own. Each draws, from a seeded `random.Random`: the
 prompt, ``max_new_tokens`` (1-30), ``num_assistant_tokens`` (1-6), ``eos_token_id`` (none, one id, or a list of ids,
 taken among the tokens the target emits so that they fire), a custom `StoppingCriteria` (none, stop after k tokens,
 stop on an emitted token), logits processors (``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``,
-``suppress_tokens`` among the emitted tokens), ``meta_full_information``, ``meta_warm_start``,
-``return_dict_in_generate``, and the arm of the ``fixed`` policy; one combination in four goes through
+``suppress_tokens`` among the emitted tokens), ``return_dict_in_generate``, and the arm of the ``fixed`` policy; one combination in four goes through
 `hf_metasd.enable()` instead of ``custom_generate``. The output must be plain `generate`'s with the same arguments (and
 fresh, equal stopping criteria), and the custom criterion must be called with the same sequences. (A drafter that
 drafts badly, e.g. from a stale cache or without the call's processors, cannot change a greedy output, only its
@@ -102,8 +101,6 @@ def _draw_greedy(index: int) -> dict[str, Any]:
         "fixed_arm": rng.random(),
         "processors": {},
         "suppress_at": None,
-        "full_information": rng.random() < 0.2,
-        "warm_start": rng.choice([0, 0, 0, 2, 5]),
         "return_dict": rng.random() < 0.3,
     }
     if rng.random() < 0.4:
@@ -160,10 +157,6 @@ def _resolve(combo: dict[str, Any], target, pool: list) -> tuple[dict[str, Any],
     }
     if combo["policy"] == "fixed":
         meta["meta_policy_kwargs"] = {"arm": min(int(combo["fixed_arm"] * num_arms), num_arms - 1)}
-    if combo["full_information"]:
-        meta["meta_full_information"] = True
-    if combo["warm_start"]:
-        meta["meta_warm_start"] = combo["warm_start"]
     described = {"pool": combo["pool"], "entry": combo["entry"], "prompt": prompt.tolist(), **kwargs, **meta}
     if stop is not None:
         described["stopping_criteria"] = f"{stop[0]} {stop[1]}"

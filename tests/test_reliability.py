@@ -139,11 +139,8 @@ def test_a_nan_drafter_abstains_under_sampling(target, drafters, nan_drafter, en
 
 @pytest.mark.parametrize(
     "settings",
-    [
-        {"meta_warm_start": 4, "meta_reward": "bd"},  # the warm start scores every drafter's prompt logits
-        {"meta_full_information": True, "meta_reward": "bd"},  # full information scores every drafter's logits
-    ],
-    ids=["warm_start", "full_information"],
+    [{"meta_policy": "hedge", "meta_reward": "bd"}],  # full information (hedge) scores every drafter's logits
+    ids=["full_information"],
 )
 @pytest.mark.parametrize("do_sample", [False, True])
 def test_a_nan_drafter_is_not_scored_on_logits_it_did_not_have(target, drafters, nan_drafter, settings, do_sample):
@@ -162,7 +159,7 @@ def test_a_nan_drafter_is_not_scored_on_logits_it_did_not_have(target, drafters,
     if not do_sample:
         assert torch.equal(out.sequences, greedy(target, prompt, 12))
     assert out.sequences.shape[1] == prompt.shape[1] + 12
-    observed = [out.metasd.warm_start_rewards, *out.metasd.counterfactual_rewards]
+    observed = out.metasd.counterfactual_rewards
     assert any(observed), "the other drafter is observed"
     assert all(0 not in rewards and all(math.isfinite(r) for r in rewards.values()) for rewards in observed)
 

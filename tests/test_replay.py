@@ -20,6 +20,7 @@ from hf_metasd.drafters import CorpusDrafter, PromptLookupDrafter
 from hf_metasd.feedback import ReplayedRound, replayed_accepted, replayed_feedback
 from hf_metasd.policies import POLICY_REGISTRY, get_policy
 from hf_metasd.rewards import REPLAYABLE_REWARDS, get_reward, is_replayable
+from hf_metasd.settings import MetaSDSettings
 
 N = 3
 
@@ -269,11 +270,13 @@ def test_a_replayed_proposal_is_the_one_the_drafter_would_have_made_under_the_pr
     calls = []
     processors.append(type("Count", (LogitsProcessor,), {"__call__": lambda self, ids, s: calls.append(1) or s})())
     drafter = PromptLookupDrafter()
-    gen = MetaCandidateGenerator([drafter], get_policy("ucb"), num_assistant_tokens=2, logits_processor=processors)
+    gen = MetaCandidateGenerator(
+        [drafter], get_policy("ucb"), MetaSDSettings(num_assistant_tokens=2), logits_processor=processors
+    )
     expected, _ = gen.drafters[0].draft(prefix, 2, logits_processor=processors)
     calls.clear()
-    allowed = gen._first_position_filter(prefix, VOCAB)
-    got = gen._replay_draft(0, prefix, 2, first_token=5, allowed=allowed)
+    allowed = gen.replay._first_position_filter(prefix, VOCAB)
+    got = gen.replay._draft(0, prefix, 2, first_token=5, allowed=allowed)
     assert got.tolist() == expected.tolist()
     if not forbidden:
         assert len(calls) == 1  # one run of the processors for the round, none per proposed token

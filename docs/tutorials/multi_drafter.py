@@ -117,27 +117,6 @@ for _ in range(3):
 print("UCB after 3 calls: pulls", policy.counts, "mean rewards", [round(m, 3) for m in policy.means()])
 # --8<-- [end:instance]
 
-# --8<-- [start:warm_start]
-# Prompt warm start: score every drafter on the last 6 prompt positions during the prefill. The scores reach the
-# policy before round 2, as one observation per drafter, so UCB skips its forced first pull of each drafter. It still
-# explores: with beta=1 the bonus of a drafter observed once or twice is large compared with the gaps in reward.
-warm = target.generate(
-    input_ids,
-    do_sample=False,
-    max_new_tokens=64,
-    custom_generate=hf_metasd.generate,
-    assistant_models=pool,
-    meta_warm_start=6,
-    return_dict_in_generate=True,
-)
-assert torch.equal(warm.sequences, reference)
-print(
-    "warm-start scores:",
-    {warm.metasd.drafter_names[a]: round(r, 3) for a, r in warm.metasd.warm_start_rewards.items()},
-)
-print("first rounds without / with warm start:", stats.arms[:6], warm.metasd.arms[:6])
-# --8<-- [end:warm_start]
-
 # --8<-- [start:sampling]
 # Sampling stays lossless too (speculative sampling): the output has the target's distribution, so compare
 # distributions, not single samples. Here we only check it runs and reports telemetry.

@@ -87,7 +87,7 @@ print("best drafter by rounds:", costly.best_arm(measure="rounds"), "by time:", 
 # --8<-- [start:replay]
 # Replay: a full-information trace (every drafter's reward and accepted count each round) lets you compare policies
 # on the same rounds. Record one from real decoding with `out.metasd.to_trace()` after a `generate` call with
-# `meta_full_information=True` and `return_dict_in_generate=True`, or draw one from a scenario, as here.
+# `meta_policy="hedge"` and `return_dict_in_generate=True`, or draw one from a scenario, as here.
 trace = simulate_trace(scenario, num_rounds=400, seed=1)
 for policy in ("ucb", "hedge"):
     result = replay(policy, trace)

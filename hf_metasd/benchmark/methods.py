@@ -38,8 +38,6 @@ DEFAULT_POLICIES: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     ("random", "random", "speed", {}),
     ("metasd (stock kernels)", None, None, {"meta_skinny_gemm": False}),
     ("metasd (fixed draft length)", None, None, {"meta_draft_length": "fixed"}),
-    ("metasd (match routing)", None, None, {"meta_match_routing": True}),
-    ("metasd (prefill gate)", None, None, {"meta_prefill_gate": True}),
 )
 
 
@@ -146,7 +144,8 @@ def build_methods(
         transformers_defaults: also run each of those with transformers' own default settings.
         fixed_baselines: each drafter alone (``fixed[<name>]``).
         stream_policy: one policy instance shared by every call of the run (learning over the stream).
-        full_information: Hedge fed with every drafter's BD each round; its per-round rewards are saved as traces
+        full_information: Hedge (a full-information policy: it scores every drafter by itself) fed with every
+            drafter's BD each round; its per-round rewards are saved as traces
             (`traces.json`) that `hf_metasd.benchmark.simulate.replay` reads.
         sub_pools: for each list of drafter names, MetaSD with the pool's defaults over those drafters only (named
             e.g. ``metasd[general+prompt_lookup]``).
@@ -226,13 +225,7 @@ def build_methods(
             Method(f"metasd[{'+'.join(sub)}]", "metasd", metasd(members, **settings), arm_map=[*index, len(names)])
         )
     if full_information:
-        methods.append(
-            Method(
-                "hedge (full info)",
-                "metasd",
-                metasd(meta_policy="hedge", meta_full_information=True, meta_reward="bd"),
-            )
-        )
+        methods.append(Method("hedge (full info)", "metasd", metasd(meta_policy="hedge", meta_reward="bd")))
     if stream_policy:
         defaults = pool.generate_kwargs() if hasattr(pool, "generate_kwargs") else {}
         shared = get_policy(

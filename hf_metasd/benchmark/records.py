@@ -26,8 +26,6 @@ class BenchRecord:
     kernel: str | None = None
     #: seconds of a verification pass by number of tokens, as the call's draft-length choice read them at its end
     verification_costs: dict[int, float] = field(default_factory=dict)
-    #: drafters the prefill gate skipped (`MetaSDStats.prefill_skips`; 0 for methods without a policy)
-    prefill_skips: int = 0
     #: the reward of each round's pulled arm (`MetaSDStats.rewards`; ``None``: a round not rewarded)
     rewards: list[float | None] = field(default_factory=list)
     #: the prior means the call took from earlier calls of its method (`MetaSDStats.learned_priors`)

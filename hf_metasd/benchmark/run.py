@@ -116,7 +116,6 @@ def run_bench(
                         trace=stats.to_trace() if stats is not None and stats.counterfactual_rewards else [],
                         kernel=stats.kernel if stats is not None else kernel,
                         verification_costs=dict(stats.verification_costs) if stats is not None else {},
-                        prefill_skips=stats.prefill_skips if stats is not None else 0,
                         rewards=list(stats.rewards) if stats is not None else [],
                         learned_priors=dict(stats.learned_priors) if stats is not None else {},
                     )

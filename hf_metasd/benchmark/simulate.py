@@ -504,7 +504,7 @@ def _parse_trace(trace: Sequence[Mapping[str, Any]]) -> tuple[int, list[tuple[di
             if missing:
                 raise ValueError(
                     f"`trace[{t}]['{name}']` must have an entry for every drafter (a full-information trace), but "
-                    f"lacks drafter {missing[0]}. Record traces with `meta_full_information=True`."
+                    f"lacks drafter {missing[0]}. Record traces with `meta_policy='hedge'`."
                 )
         rounds.append((rewards, accepted))
     return len(arms), rounds

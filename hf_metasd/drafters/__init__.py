@@ -1,7 +1,9 @@
-"""Drafter kinds: one module per kind, one `Drafter` protocol, one registry of kinds.
+"""Drafter kinds: one module per kind, one `Drafter` protocol, one registry of kinds, the pool entry each kind owns.
 
-Each kind owns its pool round trip (`Drafter.to_spec` / `Drafter.from_spec` / `Drafter.validate_spec`), so a new kind
-is registered with one call (`register_drafter_kind`) and the pool code never names it.
+Each kind owns its pool round trip (`Drafter.to_spec` / `Drafter.from_spec` / `Drafter.validate_spec`, through a
+`DrafterSpec` and the `SaveContext` / `LoadContext` of `hf_metasd.drafters.save` and `hf_metasd.drafters.load`), so a
+new kind is registered with one call (`register_drafter_kind`) and the pool code never names it. Nothing here imports
+the pool: `hf_metasd.pool` builds on these modules.
 """
 
 from __future__ import annotations
@@ -10,18 +12,32 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import MetaSDConfigError
-from .base import Drafter, is_peft_model, target_vocab_size, tokenizer_fingerprint
+from .base import Drafter, is_peft_model
+from .corpus import CorpusDrafter
+from .corpus_index import CorpusIndex
+from .early_exit import EarlyExitDrafter, early_exit_model
+from .load import LoadContext
+from .lora import LoraDrafter
 from .model import ModelDrafter
+from .other_tokenizer import TokenizerBridgeDrafter
+from .prompt_lookup import PromptLookupDrafter, prompt_lookup_candidates
+from .registry import DRAFTER_KINDS, register_drafter_kind
+from .save import SaveContext
+from .spec import DrafterSpec
+from .vocab import target_vocab_size, tokenizer_fingerprint
 
 __all__ = [
     "DRAFTER_KINDS",
     "CorpusDrafter",
     "CorpusIndex",
     "Drafter",
+    "DrafterSpec",
     "EarlyExitDrafter",
+    "LoadContext",
     "LoraDrafter",
     "ModelDrafter",
     "PromptLookupDrafter",
+    "SaveContext",
     "TokenizerBridgeDrafter",
     "as_drafters",
     "early_exit_model",
@@ -31,27 +47,6 @@ __all__ = [
     "tokenizer_fingerprint",
     "unique_names",
 ]
-
-#: kind name -> Drafter subclass (used by pool configs). Each kind module registers itself.
-DRAFTER_KINDS: dict[str, type[Drafter]] = {}
-
-
-def register_drafter_kind(cls: type[Drafter]) -> type[Drafter]:
-    """Register a `Drafter` subclass under its `kind` (a class decorator)."""
-    if not cls.kind:
-        raise ValueError(f"`{cls.__name__}.kind` must be a non-empty string, but is {cls.kind!r}. Set `kind`.")
-    DRAFTER_KINDS[cls.kind] = cls
-    return cls
-
-
-register_drafter_kind(ModelDrafter)
-
-# Each kind module registers itself; they import `register_drafter_kind` from here, hence after its definition.
-from .corpus import CorpusDrafter, CorpusIndex  # noqa: E402
-from .early_exit import EarlyExitDrafter, early_exit_model  # noqa: E402
-from .lora import LoraDrafter  # noqa: E402
-from .other_tokenizer import TokenizerBridgeDrafter  # noqa: E402
-from .prompt_lookup import PromptLookupDrafter, prompt_lookup_candidates  # noqa: E402
 
 
 def unique_names(drafters: Sequence[Drafter | str]) -> list[str]:
@@ -97,8 +92,6 @@ def as_drafters(assistant_models: Any, target: Any = None) -> list[Drafter]:
         if isinstance(item, Drafter):
             drafters.append(item)
         elif is_peft_model(item):
-            from .lora import LoraDrafter
-
             drafters.extend(LoraDrafter.from_peft_model(item))
         elif hasattr(item, "config") and hasattr(item, "forward"):
             drafters.append(ModelDrafter(item))

@@ -19,32 +19,21 @@ shared drafter with the finished sequence (a corpus drafter that grows online us
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from ..errors import DrafterCompatibilityError, InvalidPoolError
+from .load import LoadContext
+from .save import SaveContext
+from .spec import DrafterSpec
+from .vocab import target_vocab_size
 
-if TYPE_CHECKING:  # the pool imports the drafters; the drafters only meet the pool's types at save / load time
-    from ..pool.config import DrafterSpec
-    from ..pool.weights import LoadContext, SaveContext
-
-__all__ = [
-    "Drafter",
-    "eval_mode",
-    "is_peft_model",
-    "require_path",
-    "require_peft",
-    "shared_scope",
-    "target_vocab_size",
-    "tokenizer_fingerprint",
-]
+__all__ = ["Drafter", "eval_mode", "int_error", "is_peft_model", "require_peft", "shared_scope"]
 
 _SCOPES: dict[Hashable, list[Any]] = {}
 _SCOPES_LOCK = threading.Lock()
@@ -106,6 +95,17 @@ def eval_mode(module: torch.nn.Module) -> AbstractContextManager[None]:
     return shared_scope(("eval", id(module)), enter, leave)
 
 
+def int_error(value: Any) -> type[Exception]:
+    """The class of the error for an int setting that refuses `value`: `TypeError` when `value` is not an int (a bool
+    is not one), else `ValueError` (an int out of range).
+
+    Example:
+        >>> int_error("3").__name__, int_error(True).__name__, int_error(0).__name__
+        ('TypeError', 'TypeError', 'ValueError')
+    """
+    return ValueError if isinstance(value, int) and not isinstance(value, bool) else TypeError
+
+
 def is_peft_model(obj: Any) -> bool:
     """Whether `obj` is a peft model (checked without importing peft)."""
     return type(obj).__module__.startswith("peft.") and hasattr(obj, "peft_config")
@@ -122,54 +122,12 @@ def require_peft(what: str) -> Any:
     return peft
 
 
-def require_path(spec: DrafterSpec, where: str) -> None:
-    """Raise `InvalidPoolError` if the pool entry `spec` has no `path` (a kind that reads a model needs one)."""
-    if not spec.path:
-        raise InvalidPoolError(
-            f"{where} must have a `path` (a Hub repo id, a folder, or a folder inside the pool), but has none. "
-            "Set `path`, or save the pool with `store_weights=True`."
-        )
-
-
-def target_vocab_size(model: Any) -> int:
-    """The logits width of a causal LM (its text config's `vocab_size`)."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    return int(config.vocab_size)
-
-
-def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """A fingerprint of a tokenizer's vocabulary: the sha256 of its sorted ``(token, id)`` items.
-
-    Two tokenizers with the same vocabulary *size* but other tokens (or ids) get different fingerprints, which a
-    vocabulary-size check cannot tell apart. Anything with transformers' ``get_vocab()`` works.
-
-    Example:
-        >>> from tokenizers import Tokenizer, models
-        >>> from transformers import PreTrainedTokenizerFast
-        >>> def tiny(words):
-        ...     vocab = {w: i for i, w in enumerate(["<unk>", *words])}
-        ...     return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")))
-        >>> a, b = tokenizer_fingerprint(tiny(["yes", "no"])), tokenizer_fingerprint(tiny(["no", "yes"]))
-        >>> len(a), a == tokenizer_fingerprint(tiny(["yes", "no"])), a == b   # same size, other ids: differ
-        (64, True, False)
-    """
-    get_vocab = getattr(tokenizer, "get_vocab", None)
-    if not callable(get_vocab):
-        raise TypeError(
-            f"`tokenizer` must be a tokenizer with `get_vocab()`, but is {type(tokenizer).__name__}. Pass e.g. "
-            "`AutoTokenizer.from_pretrained(target_id)`."
-        )
-    items = sorted((str(token), int(index)) for token, index in get_vocab().items())
-    payload = json.dumps(items, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
-
-
 class Drafter(ABC):
     """One drafter. Subclasses set `kind` and implement `catch_up`, `draft` and `reset`.
 
     **Pool round trip.** Each kind owns how it is written to and rebuilt from a pool's `config.json` entry (a
-    `hf_metasd.pool.DrafterSpec`), so that the pool never names a kind: `spec_group` (which neighbours share one
-    entry), `to_spec` (drafters -> entry, scheduling any weight files on the `SaveContext`), `from_spec` (entry ->
+    `~hf_metasd.drafters.spec.DrafterSpec`), so that the pool never names a kind: `spec_group` (which neighbours share
+    one entry), `to_spec` (drafters -> entry, scheduling any weight files on the `SaveContext`), `from_spec` (entry ->
     drafters, reading through the `LoadContext`), `validate_spec` (kind-specific checks of an entry, nothing read) and
     `arm_names` (the names of an entry's arms). The defaults fit a model-free drafter whose `config()` is its
     constructor's keyword arguments.
@@ -193,13 +151,9 @@ class Drafter(ABC):
     #: it would have drafted at an earlier position can be proposed and scored in hindsight (replayed rounds, see
     #: `hf_metasd.candidate_generator`). Prompt lookup and corpus drafters are; model drafters are not.
     replayable: ClassVar[bool] = False
-    #: Whether `draft` takes ``min_confidence=`` and may stop early once the product of its drafted tokens'
-    #: probabilities falls below it (model drafters; see `ModelDrafter`). The candidate generator passes it only to
-    #: drafters that set this.
-    stops_on_confidence: ClassVar[bool] = False
     #: Whether `draft` leaves the length of the context suffix its proposal continues in ``last_match_length`` and
-    #: that suffix's occurrences in ``last_support`` (corpus drafters), so that the candidate generator can hand a
-    #: round to the model-free arm with the longest match (match routing, see `hf_metasd.candidate_generator`).
+    #: that suffix's occurrences in ``last_support`` (corpus drafters), so that the round's draft length can follow
+    #: the match's class (`hf_metasd.draft_length.match_class`).
     scores_matches: ClassVar[bool] = False
 
     #: Where a pool loaded the drafter from; ``None`` for a drafter built in memory (see the class docstring).
@@ -300,8 +254,6 @@ class Drafter(ABC):
         Weight files are not written here: schedule them on `ctx` (``ctx.schedule(write)``), which runs them only once
         the whole pool is planned and valid. The default saves ``config()`` as `params` (checked to be JSON).
         """
-        from ..pool.config import DrafterSpec
-
         if len(group) != 1:
             raise TypeError(
                 f"`{cls.__name__}.to_spec` saves one drafter per entry, but got {len(group)} that `spec_group` joined. "
@@ -320,8 +272,7 @@ class Drafter(ABC):
 
         Example:
             >>> from hf_metasd.drafters import PromptLookupDrafter
-            >>> from hf_metasd.pool import DrafterSpec
-            >>> from hf_metasd.pool.weights import LoadContext
+            >>> from hf_metasd.drafters import DrafterSpec, LoadContext
             >>> spec = DrafterSpec("prompt_lookup", "pl", params={"max_matching_ngram_size": 3})
             >>> [drafter] = PromptLookupDrafter.from_spec(spec, LoadContext(specs=[spec]))
             >>> drafter.name, drafter.max_matching_ngram_size, drafter.source["stored"]

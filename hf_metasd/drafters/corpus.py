@@ -4,15 +4,9 @@ The drafter holds an index over a corpus of token sequences (for example the tar
 and, each round, proposes what followed the longest suffix of the context (prompt + generated tokens) in the corpus
 (Oliaro et al., *SuffixDecoding*, arXiv 2411.04975; this is a suffix array, not their suffix tree).
 
-**Index.** The documents ``d_1 .. d_k`` are concatenated as ``F = d_1 # d_2 # ... d_k #`` with a separator ``#``
-that no context contains, and ``R = reverse(F)`` is stored as big-endian ``uint32`` bytes, so that comparing two
-`bytes` slices compares token sequences lexicographically. The suffix array ``SA`` lists the start positions of
-``R``'s suffixes in sorted order (built by prefix doubling with numpy, about 1 s per million tokens). A suffix of the
-context ``c`` that occurs in the corpus is a prefix of ``reverse(c)`` that starts a suffix of ``R``, so the longest
-such match is one binary search: with ``q = reverse(c)[:max_match_length]`` and ``i`` the insertion point of ``q`` in
-``SA``, the match length is ``m = max(lcp(q, R[SA[i-1]:]), lcp(q, R[SA[i]:]))``, and the ``s = hi - lo`` suffixes that
-share those ``m`` tokens (the *support*) are the range ``[lo, hi)`` found by two more binary searches. A match never
-crosses a document (it would have to match ``#``), and a continuation stops at the next ``#``.
+The index (`hf_metasd.drafters.corpus_index.CorpusIndex`: a suffix array, its search and its file) finds the longest
+suffix of the context that occurs in the corpus, ``m`` tokens long, and the range ``[lo, hi)`` of its ``hi - lo``
+occurrences (the *support*); a match never crosses a document.
 
 **Draft.** Up to `max_occurrences` occurrences, evenly spaced in ``[lo, hi)``, vote token by token: at draft position
 ``j`` each remaining occurrence votes for the token that followed it (or for "document end"), the most frequent token
@@ -41,37 +35,37 @@ index). A query searches both indexes; the longer match wins, equal ones vote to
 
 from __future__ import annotations
 
-import bisect
 import struct
-import threading
-import warnings
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from .._validation import check_int, check_real
 from ..errors import DrafterCompatibilityError, InvalidPoolError
-from . import register_drafter_kind
-from .base import Drafter, target_vocab_size
-from .prompt_lookup import logits_processor_filter
+from .base import Drafter
+from .candidates import CandidateDrafter, IsAllowed, allowed_prefix
+from .corpus_index import (
+    CORPUS_FILE,
+    MAX_TOKEN_ID,
+    CorpusIndex,
+    OnlineStore,
+    context_continuations,
+    context_match,
+    read_corpus,
+    write_corpus,
+)
+from .load import LoadContext
+from .registry import register_drafter_kind
+from .save import SaveContext
+from .spec import DrafterSpec, check_at_most
+from .vocab import target_vocab_size
 
-if TYPE_CHECKING:
-    from ..pool.config import DrafterSpec
-    from ..pool.weights import LoadContext, SaveContext
+__all__ = ["CorpusDrafter"]
 
-__all__ = ["CorpusDrafter", "CorpusIndex", "build_suffix_array", "context_continuations", "context_match"]
-
-#: file written by `CorpusDrafter.save_corpus`.
-CORPUS_FILE = "corpus.safetensors"
-#: bump when the file layout changes.
-FORMAT_VERSION = "1"
-#: the document separator in the reversed corpus: above every valid token id (ids are int32), so it never matches.
-SEPARATOR = 0xFFFFFFFF
-_MAX_TOKEN_ID = 2**31 - 1
 #: The upper bound of each number a pool file sets for a corpus entry (the constructor checks types and lower bounds).
 POOL_MAXIMA: dict[str, float] = {
     "max_match_length": 1024,
@@ -79,7 +73,7 @@ POOL_MAXIMA: dict[str, float] = {
     "max_occurrences": 4096,
     "min_frequency": 1.0,
     "online_tokens": 10_000_000,
-    "vocab_size": _MAX_TOKEN_ID + 1,
+    "vocab_size": MAX_TOKEN_ID + 1,
 }
 
 
@@ -100,281 +94,6 @@ def _check_fraction(name: str, value: Any, example: float) -> float:
     if not isinstance(value, (int, float, np.floating)) or isinstance(value, bool):
         raise TypeError(f"`{name}` must be a float, but is {type(value).__name__} {value!r}. Use e.g. {example}.")
     return check_real(name, float(value), low=0.0, high=1.0, hint=f"Use e.g. {example}.")
-
-
-def _as_document(i: int, sequence: Any) -> np.ndarray:
-    """One document as a 1-D int32 array, or a clear error naming `sequences[i]`."""
-    if isinstance(sequence, torch.Tensor):
-        sequence = sequence.detach().cpu().numpy()
-    if isinstance(sequence, (str, bytes)) or not isinstance(sequence, (Sequence, np.ndarray)):
-        raise TypeError(
-            f"`sequences[{i}]` must be a list of token ids, but is {type(sequence).__name__}. "
-            "Pass e.g. `[[1, 2, 3], [4, 5]]` (tokenize text first)."
-        )
-    array = np.asarray(sequence)
-    if array.size == 0:
-        return np.zeros(0, dtype=np.int32)
-    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
-        raise TypeError(
-            f"`sequences[{i}]` must be a flat list of int token ids, but has shape {array.shape} and dtype "
-            f"{array.dtype}. Pass one list of ints per document."
-        )
-    low, high = int(array.min()), int(array.max())
-    if low < 0 or high > _MAX_TOKEN_ID:
-        bad = low if low < 0 else high
-        raise ValueError(
-            f"`sequences[{i}]` must hold token ids in [0, {_MAX_TOKEN_ID}], but holds {bad}. "
-            "Pass the target tokenizer's ids (drop padding such as -100)."
-        )
-    return array.astype(np.int32)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# the index
-# ---------------------------------------------------------------------------------------------------------------------
-def build_suffix_array(values: np.ndarray) -> np.ndarray:
-    """Suffix array of `values` by prefix doubling: ``SA[r]`` is the start of the ``r``-th smallest suffix.
-
-    Order: lexicographic over the values, a proper prefix before its extensions (as `bytes` comparison does).
-    Ranks after round ``t`` sort the suffixes by their first ``2**t`` values; each round is one `argsort` of the pairs
-    ``(rank[i], rank[i + 2**t])``, and it stops once all ranks differ (``log2`` of the longest repeat rounds).
-
-    Args:
-        values: ``(N,)`` non-negative integers (any integer dtype).
-
-    Returns:
-        ``(N,)`` int32 positions.
-
-    Example:
-        >>> import numpy as np
-        >>> build_suffix_array(np.array([2, 1, 2, 1])).tolist()   # suffixes 1, 1 2 1, 2 1, 2 1 2 1
-        [3, 1, 2, 0]
-    """
-    n = len(values)
-    if n == 0:
-        return np.zeros(0, dtype=np.int32)
-    _, rank = np.unique(np.asarray(values), return_inverse=True)
-    rank = rank.astype(np.int64).reshape(-1)
-    order = np.argsort(rank, kind="stable")
-    step = 1
-    while step < n:
-        second = np.zeros(n, dtype=np.int64)  # 0 = past the end: shorter suffixes sort first
-        second[: n - step] = rank[step:] + 1
-        key = rank * (n + 1) + second  # < 2**62 for n < 2**31
-        order = np.argsort(key)
-        sorted_key = key[order]
-        new_rank = np.empty(n, dtype=np.int64)
-        changed = np.empty(n, dtype=np.int64)
-        changed[0] = 0
-        np.not_equal(sorted_key[1:], sorted_key[:-1], out=changed[1:])
-        new_rank[order] = np.cumsum(changed)
-        rank = new_rank
-        if rank.max() == n - 1:
-            break
-        step *= 2
-    return order.astype(np.int32)
-
-
-def _common_prefix_tokens(a: bytes, b: bytes) -> int:
-    """Number of leading 4-byte tokens `a` and `b` share (binary search on slice equality)."""
-    low, high = 0, min(len(a), len(b)) // 4
-    while low < high:
-        mid = (low + high + 1) // 2
-        if a[: 4 * mid] == b[: 4 * mid]:
-            low = mid
-        else:
-            high = mid - 1
-    return low
-
-
-class CorpusIndex:
-    """Read-only suffix-array index over the reversed concatenation of token documents (see the module docstring).
-
-    Build it with `from_sequences`; `CorpusDrafter` wraps it. Several drafters (and threads) can share one index.
-
-    Attributes:
-        num_documents: ``k``.
-        num_tokens: corpus tokens, separators excluded.
-        max_token_id: the largest id in the corpus (-1 when empty).
-
-    Example:
-        >>> index = CorpusIndex.from_sequences([[1, 2, 3, 4], [9, 2, 3, 5]])
-        >>> m, lo, hi = index.match([3, 2, 1])        # reversed context "... 1 2 3": longest suffix in the corpus
-        >>> m, hi - lo                                 # "1 2 3" occurs once
-        (3, 1)
-        >>> index.continuations(lo, hi, 64, 4)        # followed by 4, then the document end (-1)
-        [[4, -1, -1, -1]]
-    """
-
-    def __init__(self, tokens: np.ndarray, offsets: np.ndarray, suffix_array: np.ndarray | None = None) -> None:
-        """From the concatenated documents `tokens` ``(T,)``, their starts `offsets` ``(k+1,)`` (``0 .. T``), and
-        optionally the suffix array ``(T+k,)`` of ``R`` (as `save_corpus` stored it; built when ``None``)."""
-        tokens = np.ascontiguousarray(tokens, dtype=np.int32)
-        self._offsets = np.ascontiguousarray(offsets, dtype=np.int64)
-        self.num_documents = len(self._offsets) - 1
-        self.num_tokens = len(tokens)
-        self.max_token_id = int(tokens.max()) if self.num_tokens else -1
-        # F = d_1 # d_2 # ... d_k #  (uint32; # = SEPARATOR), and R = reverse(F)
-        n = self.num_tokens + self.num_documents
-        forward = np.full(n, SEPARATOR, dtype=np.uint32)
-        keep = np.ones(n, dtype=bool)
-        keep[self._offsets[1:] + np.arange(self.num_documents)] = False
-        forward[keep] = tokens  # the documents are not kept twice: `arrays` reads them back from F
-        self._forward = forward
-        self._length = n
-        reversed_ = forward[::-1]
-        self._reversed_bytes = reversed_.astype(">u4").tobytes()
-        if suffix_array is None:
-            suffix_array = build_suffix_array(reversed_)
-        self._suffix_array = np.ascontiguousarray(suffix_array, dtype=np.int32)
-        self._sa = memoryview(self._suffix_array)  # indexing gives Python ints: fast `bisect`
-
-    @classmethod
-    def from_sequences(cls, sequences: Iterable[Any]) -> CorpusIndex:
-        """Index a list of documents (lists, 1-D arrays or tensors of token ids)."""
-        if isinstance(sequences, (str, bytes, torch.Tensor)) or not isinstance(sequences, Iterable):
-            raise TypeError(
-                f"`sequences` must be a list of token-id lists, but is {type(sequences).__name__}. "
-                "Pass e.g. `[[1, 2, 3], [4, 5]]`."
-            )
-        documents = [_as_document(i, s) for i, s in enumerate(sequences)]
-        lengths = np.array([len(d) for d in documents], dtype=np.int64)
-        if lengths.sum() + len(documents) > _MAX_TOKEN_ID:
-            raise ValueError(
-                f"`sequences` must hold fewer than {_MAX_TOKEN_ID} tokens, but holds {int(lengths.sum())}. "
-                "Split the corpus into several drafters."
-            )
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        tokens = np.concatenate(documents) if documents else np.zeros(0, dtype=np.int32)
-        return cls(tokens, offsets)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by the index arrays (offsets, forward and reversed corpus, suffix array): ~12 per token."""
-        arrays = (self._offsets, self._forward, self._suffix_array)
-        return sum(a.nbytes for a in arrays) + len(self._reversed_bytes)
-
-    def documents(self) -> list[list[int]]:
-        """The indexed documents as lists of ids."""
-        tokens = self.arrays()["tokens"]
-        return [tokens[a:b].tolist() for a, b in zip(self._offsets[:-1], self._offsets[1:])]
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        """What `save_corpus` stores: ``tokens`` (T,) int32, ``offsets`` (k+1,) int64, ``suffix_array`` (T+k,) int32."""
-        tokens = self._forward[self._forward != SEPARATOR].astype(np.int32)
-        return {"tokens": tokens, "offsets": self._offsets, "suffix_array": self._suffix_array}
-
-    def spot_check(self, samples: int = 1024, depth: int = 64) -> bool:
-        """Whether `samples` evenly spaced neighbour pairs of the suffix array are in order (on their first `depth`
-        tokens): a cheap check of a suffix array read from a file (a full one costs as much as a rebuild)."""
-        n, data, sa = self._length, self._reversed_bytes, self._sa
-        if n < 2:
-            return True
-        ranks = range(n - 1) if n - 1 <= samples else ((i * (n - 1)) // samples for i in range(samples))
-        width = 4 * depth
-        return all(data[4 * sa[r] : 4 * sa[r] + width] <= data[4 * sa[r + 1] : 4 * sa[r + 1] + width] for r in ranks)
-
-    def match(self, reversed_context: Sequence[int] | bytes) -> tuple[int, int, int]:
-        """Longest prefix of `reversed_context` that starts a suffix of ``R``: ``(m, lo, hi)``.
-
-        Args:
-            reversed_context: the context's last tokens, **last first** (ints, or their big-endian uint32 bytes).
-
-        Returns:
-            ``m`` the match length in tokens (0: none) and ``[lo, hi)`` the suffix-array range of the ``hi - lo``
-            occurrences of those ``m`` tokens (empty when ``m = 0``).
-        """
-        query = (
-            reversed_context
-            if isinstance(reversed_context, bytes)
-            else struct.pack(f">{len(reversed_context)}I", *reversed_context)
-        )
-        n, width = self._length, len(query)
-        if n == 0 or width == 0:
-            return 0, 0, 0
-        data, sa = self._reversed_bytes, self._sa
-        where = bisect.bisect_left(sa, query, key=lambda p: data[4 * p : 4 * p + width])
-        m = 0
-        for r in (where - 1, where):
-            if 0 <= r < n:
-                p = sa[r]
-                m = max(m, _common_prefix_tokens(data[4 * p : 4 * p + width], query))
-        if m == 0:
-            return 0, where, where
-        prefix, width = query[: 4 * m], 4 * m
-        lo = bisect.bisect_left(sa, prefix, 0, where, key=lambda p: data[4 * p : 4 * p + width])
-        hi = bisect.bisect_right(sa, prefix, where, n, key=lambda p: data[4 * p : 4 * p + width])
-        return m, lo, hi
-
-    def continuations(self, lo: int, hi: int, max_occurrences: int, length: int) -> list[list[int]]:
-        """The `length` tokens that follow up to `max_occurrences` occurrences in ``[lo, hi)`` (evenly spaced).
-
-        Each row is cut by its document end: positions from there on are -1.
-        """
-        count = hi - lo
-        if count <= 0 or length <= 0:
-            return []
-        if count <= max_occurrences:
-            ranks = np.arange(lo, hi)
-        else:
-            ranks = lo + (np.arange(max_occurrences, dtype=np.int64) * count) // max_occurrences
-        # R[p] = F[N-1-p]; the match covers R[p : p+m], i.e. F up to N-1-p, so the continuation starts at N-p.
-        starts = self._length - self._suffix_array[ranks].astype(np.int64)
-        window = self._forward[np.minimum(starts[:, None] + np.arange(length), self._length - 1)].astype(np.int64)
-        ended = np.maximum.accumulate(window == SEPARATOR, axis=1)
-        window[ended] = -1
-        return window.tolist()
-
-
-def context_match(context: np.ndarray, max_match_length: int) -> tuple[int, np.ndarray]:
-    """The longest suffix of `context` that also ends earlier in it: ``(m, ends)``.
-
-    Args:
-        context: ``(L,)`` token ids.
-        max_match_length: longest suffix tried.
-
-    Returns:
-        ``m`` (0 when the last token never occurred before) and the positions ``i < L - 1`` where an occurrence ends
-        (``context[i - m + 1 : i + 1] == context[L - m :]``), ascending.
-
-    Example:
-        >>> import numpy as np
-        >>> context_match(np.array([5, 6, 7, 1, 6, 7, 2, 6, 7]), 16)   # "6 7" ends at 2 and 5; "7 6 7"/"2 6 7" do not
-        (2, array([2, 5]))
-        >>> context_match(np.array([1, 2, 3]), 16)
-        (0, array([], dtype=int64))
-    """
-    length = len(context)
-    ends = np.nonzero(context[: length - 1] == context[length - 1])[0] if length > 1 else np.zeros(0, dtype=np.int64)
-    if len(ends) == 0:
-        return 0, ends
-    m = 1
-    while m < min(max_match_length, length):
-        longer = ends[ends >= m]
-        longer = longer[context[longer - m] == context[length - 1 - m]]
-        if len(longer) == 0:
-            break
-        ends, m = longer, m + 1
-    return m, ends
-
-
-def context_continuations(context: np.ndarray, ends: np.ndarray, max_occurrences: int, length: int) -> list[list[int]]:
-    """The `length` tokens after each of the last `max_occurrences` of `ends` in `context`, -1 past its end.
-
-    Example:
-        >>> import numpy as np
-        >>> context_continuations(np.array([5, 6, 7, 1, 6, 7, 2, 6, 7]), np.array([2, 5]), 64, 3)
-        [[1, 6, 7], [2, 6, 7]]
-        >>> context_continuations(np.array([4, 4, 4]), np.array([0, 1]), 1, 2)   # the most recent only, cut at the end
-        [[4, -1]]
-    """
-    if length <= 0 or len(ends) == 0:
-        return []
-    chosen = ends[-max_occurrences:].astype(np.int64)
-    positions = chosen[:, None] + 1 + np.arange(length)
-    window = context[np.minimum(positions, len(context) - 1)].astype(np.int64)
-    window[positions >= len(context)] = -1
-    return window.tolist()
 
 
 def _vote(rows: list[list[int]], num_tokens: int, min_frequency: float) -> list[int]:
@@ -404,53 +123,10 @@ def _vote(rows: list[list[int]], num_tokens: int, min_frequency: float) -> list[
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# online store
-# ---------------------------------------------------------------------------------------------------------------------
-class _OnlineStore:
-    """Bounded FIFO of generated documents and their `CorpusIndex`; one store is shared by a drafter's spawns.
-
-    `add` rebuilds the index from a snapshot of the documents outside the lock and installs it unless a newer one was
-    installed meanwhile, so a query (`index`) never waits for a build: it reads the latest installed index.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._lock = threading.Lock()
-        self._documents: deque[np.ndarray] = deque()
-        self._held = 0
-        self._version = 0
-        self._installed = 0
-        self._index = CorpusIndex.from_sequences([])
-
-    @property
-    def held_tokens(self) -> int:
-        return self._held
-
-    def add(self, tokens: np.ndarray) -> None:
-        tokens = tokens[: self.capacity]  # a document longer than the store keeps its first `capacity` tokens
-        if len(tokens) == 0:
-            return
-        with self._lock:
-            self._documents.append(tokens)
-            self._held += len(tokens)
-            while self._held > self.capacity:
-                self._held -= len(self._documents.popleft())
-            self._version += 1
-            version, snapshot = self._version, list(self._documents)
-        index = CorpusIndex.from_sequences(snapshot)
-        with self._lock:
-            if version > self._installed:
-                self._index, self._installed = index, version
-
-    def index(self) -> CorpusIndex:
-        return self._index
-
-
-# ---------------------------------------------------------------------------------------------------------------------
 # the drafter
 # ---------------------------------------------------------------------------------------------------------------------
 @register_drafter_kind
-class CorpusDrafter(Drafter):
+class CorpusDrafter(CandidateDrafter):
     """Model-free drafter that proposes the continuation of the context's longest suffix match in a corpus.
 
     Semantics (match, vote, abstention, online growth) are in the module docstring. It has no logits
@@ -494,7 +170,6 @@ class CorpusDrafter(Drafter):
     """
 
     kind = "corpus"
-    returns_logits = False
     replayable = True
     scores_matches = True
 
@@ -539,8 +214,8 @@ class CorpusDrafter(Drafter):
         super().__init__(name)
         self.index = index
         self._vocab_size = vocab_size
-        self._logits_width = vocab_size  # the target's, set by `spawn(target)`: logits processors need it
-        self._online = _OnlineStore(self.online_tokens) if self.online_tokens else None
+        self._logits_width = vocab_size  # until `spawn(target)` sets the target's: logits processors need it
+        self._online = OnlineStore(self.online_tokens) if self.online_tokens else None
         self.reset()
 
     # ------------------------------------------------------------------ construction and serialisation
@@ -550,20 +225,10 @@ class CorpusDrafter(Drafter):
         return cls(CorpusIndex.from_sequences(sequences), name=name, **settings)
 
     def save_corpus(self, folder: str | Path) -> Path:
-        """Write the static corpus and its suffix array to ``folder/corpus.safetensors`` (the online store is not saved).
-
-        Tensors: ``tokens`` (T,) int32, ``offsets`` (k+1,) int64 document starts, ``suffix_array`` (T+k,) int32, so that
-        `from_folder` does not rebuild the index. Returns the file's path.
-        """
-        from safetensors.numpy import save_file
-
-        path = Path(folder) / CORPUS_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        metadata = {"format": "hf_metasd.corpus", "version": FORMAT_VERSION}
-        if self._vocab_size is not None:
-            metadata["vocab_size"] = str(self._vocab_size)
-        save_file(self.index.arrays(), str(path), metadata=metadata)
-        return path
+        """Write the static corpus and its suffix array to ``folder/corpus.safetensors`` (not the online store; see
+        `hf_metasd.drafters.corpus_index.write_corpus`), so that `from_folder` does not rebuild the index. Returns the
+        file's path."""
+        return write_corpus(self.index, folder, vocab_size=self._vocab_size)
 
     @classmethod
     def from_folder(cls, folder: str | Path, *, name: str | None = None, **settings: Any) -> CorpusDrafter:
@@ -583,38 +248,10 @@ class CorpusDrafter(Drafter):
             >>> loaded.index.documents(), loaded.vocab_size, loaded.name
             ([[1, 2, 3, 4]], 8, 'c')
         """
-        index, saved_vocab_size = cls._read_corpus(folder)
+        index, saved_vocab_size = read_corpus(folder)
         if saved_vocab_size is not None and "vocab_size" not in settings:
             settings["vocab_size"] = saved_vocab_size
         return cls(index, name=name, **settings)
-
-    @classmethod
-    def _read_corpus(cls, folder: str | Path) -> tuple[CorpusIndex, int | None]:
-        """The index stored in ``folder/corpus.safetensors`` and the saved `vocab_size` (checked, see `from_folder`)."""
-        from safetensors import SafetensorError, safe_open
-
-        path = Path(folder) / CORPUS_FILE
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"`folder` must hold `{CORPUS_FILE}`, but {str(path)!r} does not exist. "
-                "Write it with `drafter.save_corpus(folder)`."
-            )
-        fix = f"Re-create it with `CorpusDrafter.from_sequences(...).save_corpus({str(folder)!r})`."
-        try:
-            with safe_open(str(path), framework="numpy") as handle:
-                metadata = handle.metadata() or {}
-                arrays = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 - not a dict
-        except (SafetensorError, OSError, ValueError) as err:
-            raise ValueError(
-                f"{str(path)!r} must be a readable safetensors file, but reading it failed ({err}). {fix}"
-            ) from err
-        cls._check_arrays(path, metadata, arrays, fix)
-        index = CorpusIndex(arrays["tokens"], arrays["offsets"], arrays["suffix_array"])
-        if not index.spot_check():
-            raise ValueError(
-                f"{str(path)!r} must be a corpus written by `save_corpus`, but its `suffix_array` is not sorted. {fix}"
-            )
-        return index, int(metadata["vocab_size"]) if "vocab_size" in metadata else None
 
     # ------------------------------------------------------------------ pool config round trip
     @classmethod
@@ -626,8 +263,6 @@ class CorpusDrafter(Drafter):
         checks): ``max_match_length`` in [1, 1024], ``min_match_length`` in [1, ``max_match_length``],
         ``max_occurrences`` in [1, 4096], ``min_frequency`` in [0, 1], ``online_tokens`` in [0, 10,000,000] (about
         160 MB held), ``vocab_size`` null or in [1, 2**31]."""
-        from ..pool.config import DrafterSpec
-
         (drafter,) = group
         folder = ctx.folder("corpus", drafter.name)
         ctx.schedule(lambda root: drafter.save_corpus(root / folder))
@@ -640,7 +275,7 @@ class CorpusDrafter(Drafter):
         where = ctx.where(spec)
         folder = Path(ctx.resolve(spec, where, need_folder=True))
         try:
-            index, saved_vocab_size = cls._read_corpus(folder)
+            index, saved_vocab_size = read_corpus(folder)
         except (FileNotFoundError, ValueError) as err:
             raise InvalidPoolError(
                 f"{where} must find a readable corpus at {str(folder / CORPUS_FILE)!r}, but it cannot be read: {err} "
@@ -655,8 +290,6 @@ class CorpusDrafter(Drafter):
     def validate_spec(cls, spec: DrafterSpec, where: str) -> None:
         """A corpus entry is stored in the pool (``stored: true`` and a `path`), without `adapters`, its numbers at most
         `POOL_MAXIMA`."""
-        from ..pool.config import check_at_most
-
         for key, high in POOL_MAXIMA.items():
             check_at_most(spec.params.get(key), f"{where} `params.{key}`", high)
         if not spec.stored or not spec.path:
@@ -665,33 +298,6 @@ class CorpusDrafter(Drafter):
                 f"has stored={spec.stored!r}, path={spec.path!r}. Re-save the pool with `DrafterPool.save_pretrained`."
             )
         super().validate_spec(spec, where)
-
-    @staticmethod
-    def _check_arrays(path: Path, metadata: dict[str, str], arrays: dict[str, np.ndarray], fix: str) -> None:
-        """Cheap consistency checks of a loaded corpus file (a full sortedness check would cost a rebuild)."""
-
-        def bad(what: str) -> ValueError:
-            return ValueError(f"{str(path)!r} must be a corpus written by `save_corpus`, but {what}. {fix}")
-
-        if metadata.get("format") != "hf_metasd.corpus":
-            raise bad(f"its metadata format is {metadata.get('format')!r}")
-        if metadata.get("version") != FORMAT_VERSION:
-            raise bad(f"its version is {metadata.get('version')!r} (this hf_metasd reads {FORMAT_VERSION!r})")
-        expected = {"tokens": np.int32, "offsets": np.int64, "suffix_array": np.int32}
-        for key, dtype in expected.items():
-            if key not in arrays or arrays[key].dtype != dtype or arrays[key].ndim != 1:
-                found = arrays.get(key)
-                raise bad(
-                    f"`{key}` is {None if found is None else (found.dtype, found.shape)}, not 1-D {dtype.__name__}"
-                )
-        tokens, offsets, sa = arrays["tokens"], arrays["offsets"], arrays["suffix_array"]
-        if len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != len(tokens) or np.any(np.diff(offsets) < 0):
-            raise bad("its `offsets` are not the non-decreasing document starts from 0 to len(tokens)")
-        n = len(tokens) + len(offsets) - 1
-        if len(sa) != n or (n and (sa.min() < 0 or sa.max() >= n or np.bincount(sa, minlength=n).max() != 1)):
-            raise bad(f"its `suffix_array` is not a permutation of range({n})")
-        if len(tokens) and (tokens.min() < 0):
-            raise bad("its `tokens` hold negative ids")
 
     def config(self) -> dict[str, Any]:
         """The settings (JSON-able; the corpus itself is saved by `save_corpus`)."""
@@ -721,13 +327,6 @@ class CorpusDrafter(Drafter):
                 f"drafter {self.name!r} must hold token ids below the target's vocabulary size {width}, but its corpus "
                 f"holds id {self.index.max_token_id}. Build the corpus with the target's tokenizer."
             )
-
-    def spawn(self, target: Any = None) -> CorpusDrafter:
-        """The call's copy: it shares the static index and the online store, has fresh telemetry, and keeps the
-        target's logits width to apply its logits processors to drafts."""
-        clone = super().spawn(target)
-        clone._logits_width = self._vocab_size if target is None else target_vocab_size(target)
-        return clone
 
     def reset(self) -> None:
         """Per-call telemetry, assigned fresh (the indexes and the online store are shared by `spawn` copies)."""
@@ -786,41 +385,14 @@ class CorpusDrafter(Drafter):
             rows += index.continuations(lo, hi, share, num_tokens)
         return _vote(rows, num_tokens, self.min_frequency)
 
-    def draft(
-        self,
-        input_ids: torch.LongTensor,
-        num_tokens: int,
-        *,
-        logits_processor: Any = None,
-        do_sample: bool = False,
-    ) -> tuple[torch.LongTensor, None]:
-        """Propose up to `num_tokens` tokens after `input_ids` ``(1, L)``: ``(tokens (1, n), None)``, ``n`` may be 0."""
-        if num_tokens < 1:
-            context: Any = []
-        elif self.context_lookup:
-            context = input_ids[0].detach().cpu().numpy()
+    def candidates(self, input_ids: torch.LongTensor, num_tokens: int, is_allowed: IsAllowed | None) -> torch.Tensor:
+        """`propose` on the context of `input_ids` ``(1, L)``, as a tensor cut where `is_allowed` forbids a token."""
+        if self.context_lookup:
+            context: Any = input_ids[0].detach().cpu().numpy()
         else:
             context = input_ids[0, -self.max_match_length :].tolist()
-        proposal = self.propose(context, num_tokens)
-        if not proposal:
-            return input_ids[:, :0], None
-        tokens = torch.from_numpy(np.array(proposal, dtype=np.int64)).to(
-            device=input_ids.device, dtype=input_ids.dtype
-        )
-        if logits_processor is not None and len(logits_processor) > 0:
-            if self._logits_width is None:
-                warnings.warn(
-                    f"drafter {self.name!r} cannot apply the logits processors to its drafts without the target's "
-                    "logits width; it proposes them uncut (still lossless: the target verifies every token). "
-                    "Draft with `drafter.spawn(target)` (as `generate` does), or pass `vocab_size=`.",
-                    stacklevel=2,
-                )
-            else:
-                allowed = logits_processor_filter(logits_processor, self._logits_width)(input_ids, tokens)
-                bad = (~allowed).nonzero()
-                if bad.numel():
-                    tokens = tokens[: int(bad[0, 0])]
-        return tokens.reshape(1, -1), None
+        proposal = torch.tensor(self.propose(context, num_tokens), dtype=input_ids.dtype, device=input_ids.device)
+        return allowed_prefix(proposal, input_ids, is_allowed)
 
     def __repr__(self) -> str:
         return (

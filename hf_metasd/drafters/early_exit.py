@@ -12,19 +12,18 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..errors import DrafterCompatibilityError
-from . import register_drafter_kind
-from .base import Drafter, require_peft
+from .base import Drafter, int_error, require_peft
+from .load import LoadContext
 from .model import ModelDrafter
-
-if TYPE_CHECKING:
-    from ..pool.config import DrafterSpec
-    from ..pool.weights import LoadContext, SaveContext
+from .registry import register_drafter_kind
+from .save import SaveContext
+from .spec import ADAPTER_WEIGHTS_NAME, DrafterSpec
 
 __all__ = ["EarlyExitDrafter", "early_exit_model"]
 
@@ -83,12 +82,13 @@ def early_exit_model(target: Any, num_layers: int) -> nn.Module:
 
     Raises:
         DrafterCompatibilityError: `target` is not a Llama-family causal LM (``target.model.layers``).
+        TypeError: `num_layers` is not an int.
         ValueError: `num_layers` is not in ``[1, number of target layers]``.
     """
     inner, layers = _decoder_parts(target)
     total = len(layers)
     if not isinstance(num_layers, int) or isinstance(num_layers, bool) or not 1 <= num_layers <= total:
-        raise ValueError(
+        raise int_error(num_layers)(
             f"`num_layers` must be an int in [1, {total}] (the target has {total} layers), but is {num_layers!r}. "
             f"Use e.g. {max(1, total // 4)}."
         )
@@ -169,8 +169,6 @@ class EarlyExitDrafter(ModelDrafter):
     def to_spec(cls, group: list[Drafter], ctx: SaveContext) -> DrafterSpec:
         """``num_layers`` and the head (the target's layers are not saved); an adapter by reference, or stored in
         ``early_exit/<name>/``."""
-        from ..pool.config import DrafterSpec
-
         (drafter,) = group
         folder = ctx.folder("early_exit", drafter.name)
         path, revision, store = None, None, False
@@ -186,8 +184,6 @@ class EarlyExitDrafter(ModelDrafter):
     @classmethod
     def from_spec(cls, spec: DrafterSpec, ctx: LoadContext) -> list[Drafter]:
         """The first ``num_layers`` layers of ``ctx.target``, with the entry's adapter (if any) and head."""
-        from ..pool.weights import ADAPTER_WEIGHTS_NAME
-
         where = ctx.where(spec)
         head_ids = ctx.head_ids(spec, where)
         params = {k: v for k, v in spec.params.items() if k not in ("head_token_ids", "share_target_embeddings")}

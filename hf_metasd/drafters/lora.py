@@ -17,18 +17,17 @@ import weakref
 from collections.abc import Hashable, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ..errors import DrafterCompatibilityError, InvalidPoolError, MetaSDConfigError
-from . import register_drafter_kind
-from .base import Drafter, eval_mode, is_peft_model, require_path, require_peft, shared_scope
+from .base import Drafter, eval_mode, is_peft_model, require_peft, shared_scope
+from .load import LoadContext
 from .model import ModelDrafter
-
-if TYPE_CHECKING:
-    from ..pool.config import DrafterSpec
-    from ..pool.weights import LoadContext, SaveContext
+from .registry import register_drafter_kind
+from .save import SaveContext
+from .spec import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, DrafterSpec, check_inside, require_path
 
 __all__ = ["LoraDrafter", "load_adapters"]
 
@@ -213,8 +212,6 @@ class LoraDrafter(ModelDrafter):
         ``""`` for `path` itself), ``adapters_dir`` (subfolder of `path` holding one folder per adapter),
         ``share_target_embeddings``, ``head_token_ids`` and ``dtype``.
         """
-        from ..pool.config import DrafterSpec
-
         first = group[0]
         where = ctx.where(first)
         peft_model = first.peft_model
@@ -248,8 +245,6 @@ class LoraDrafter(ModelDrafter):
     @classmethod
     def from_spec(cls, spec: DrafterSpec, ctx: LoadContext) -> list[Drafter]:
         """One arm per adapter of the entry, on one base: entries on the same base folder share the loaded base."""
-        from ..pool.weights import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
-
         where = ctx.where(spec)
         head_ids = ctx.head_ids(spec, where)
         share = ctx.share(spec, where)
@@ -291,8 +286,6 @@ class LoraDrafter(ModelDrafter):
     @classmethod
     def validate_spec(cls, spec: DrafterSpec, where: str) -> None:
         """A `path`, `params.base` / `params.adapters_dir` / adapter names inside the pool, a non-empty `adapters`."""
-        from ..pool.config import check_inside
-
         require_path(spec, where)
         check_inside(spec.params.get("base"), f"{where} `params.base`")
         check_inside(spec.params.get("adapters_dir"), f"{where} `params.adapters_dir`")

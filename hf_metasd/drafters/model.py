@@ -7,15 +7,15 @@ import inspect
 import threading
 import time
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from .._compat import activate_past_recording
-from .._validation import check_real
 from ..errors import DrafterCompatibilityError
-from .base import Drafter, eval_mode, require_path, target_vocab_size
+from .base import Drafter, eval_mode
+from .load import LoadContext
 from .prefill import (
     SHORTEST_CATCH_UP,
     PrefillChoice,
@@ -24,10 +24,10 @@ from .prefill import (
     float32_body,
     float32_prefill_applies,
 )
-
-if TYPE_CHECKING:
-    from ..pool.config import DrafterSpec
-    from ..pool.weights import LoadContext, SaveContext
+from .registry import register_drafter_kind
+from .save import SaveContext
+from .spec import DrafterSpec, require_path
+from .vocab import target_vocab_size
 
 __all__ = ["ModelDrafter"]
 
@@ -50,17 +50,14 @@ def _common_prefix_length(cached: torch.Tensor, input_ids: torch.Tensor) -> int:
     return int(differs[0, 0]) if differs.numel() else n
 
 
+@register_drafter_kind
 class ModelDrafter(Drafter):
     r"""Drafts with a small causal LM (the paper's black-box drafter).
 
     The drafter keeps a `DynamicCache` across rounds. `catch_up` crops the cache to the prefix it shares with the
     current sequence (drafted tokens the target rejected are dropped) and ingests the missing tokens in **one**
     forward pass, however many rounds other drafters ran in between; `draft` then runs up to `num_tokens` single-token
-    steps. With ``min_confidence`` (the candidate generator passes the drafter's measured step cost over the target's,
-    see `~hf_metasd.candidate_generator.MetaCandidateGenerator`), drafting stops after token :math:`k` once
-    :math:`P_k = \prod_{j \le k} q_j(x_j) <` ``min_confidence``, with :math:`q_j` the drafter's processed
-    distribution at step :math:`j`: the next token can only be accepted if all :math:`k` are, so its expected worth
-    in target steps is at most :math:`P_k`, below what one more drafter step costs.
+    steps.
 
     Args:
         model: a `PreTrainedModel` causal LM whose vocabulary is the target's.
@@ -91,7 +88,6 @@ class ModelDrafter(Drafter):
     """
 
     kind = "assistant_model"
-    stops_on_confidence = True
 
     def __init__(
         self,
@@ -164,8 +160,6 @@ class ModelDrafter(Drafter):
         """A reference to the model's source (Hub id or folder, with the commit it came from), or, when stored, its
         weights in ``drafters/<name>/`` (without the embedding and LM head when they are the target's). Params:
         ``share_target_embeddings``, ``head_token_ids`` (a JSON file in the pool) and ``dtype``."""
-        from ..pool.config import DrafterSpec
-
         (drafter,) = group
         plan = ctx.model_reference(drafter, drafter.model, share_embeddings=True)
         params = {
@@ -304,11 +298,8 @@ class ModelDrafter(Drafter):
         *,
         logits_processor: Any = None,
         do_sample: bool = False,
-        min_confidence: float | None = None,
     ) -> tuple[torch.LongTensor, torch.FloatTensor]:
-        """Up to `num_tokens` tokens after `input_ids` ``(1, L)`` and their processed logits ``(1, n, V)``; with
-        `min_confidence`, stop early once the product of the drafted tokens' probabilities falls below it (see the
-        class docstring; at least one token is drafted).
+        """Up to `num_tokens` tokens after `input_ids` ``(1, L)`` and their processed logits ``(1, n, V)``.
 
         A step whose processed logits are no distribution (a NaN, a ``+inf``, or every entry ``-inf``: NaN weights,
         an overflow in half precision, a processor that masks every token) ends the draft before its token: the
@@ -318,25 +309,19 @@ class ModelDrafter(Drafter):
         together after the loop (one device sync per draft, not one per token); a sampled step samples from a
         stand-in distribution meanwhile, whose token is dropped.
         """
-        if min_confidence is not None:
-            check_real(
-                "min_confidence", min_confidence, low=0.0, hint="Pass the cost ratio of a drafter step, or None."
-            )
         if self._next_logits is None or self._ids.shape[1] != input_ids.shape[1]:
             self.catch_up(input_ids)
         ids = input_ids.to(self.model.device)
         logits = self._next_logits
         tokens, scores, valid = [], [], []
-        confidence = 1.0
         for step in range(num_tokens):
             if logits_processor is not None and len(logits_processor) > 0:
                 logits = logits_processor(ids, logits.clone())
             # a distribution iff the largest logit is finite (NaN, +inf and "all -inf" all make it non-finite)
             valid.append(torch.isfinite(logits.amax(dim=-1)))
-            probs = torch.softmax(logits, dim=-1) if do_sample or min_confidence is not None else None
             if do_sample:
                 # softmax of logits that are no distribution holds NaN: uniform stand-in, the step is dropped below
-                token = torch.multinomial(probs.nan_to_num(nan=1.0), num_samples=1)
+                token = torch.multinomial(torch.softmax(logits, dim=-1).nan_to_num(nan=1.0), num_samples=1)
             else:
                 token = logits.argmax(dim=-1, keepdim=True)
             tokens.append(token)
@@ -344,10 +329,6 @@ class ModelDrafter(Drafter):
             ids = torch.cat([ids, token], dim=-1)
             if step == num_tokens - 1:
                 break
-            if min_confidence is not None:
-                confidence *= float(probs.gather(-1, token))
-                if confidence < min_confidence:
-                    break
             logits = self._forward(token, 1)[:, -1]
         # the cache now covers everything but the last drafted token
         self._ids = ids[:, :-1]

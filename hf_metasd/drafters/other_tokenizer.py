@@ -12,29 +12,9 @@ tokens extend the last word, which the drafter's tokenizer then segments differe
 exactly what changed. `draft(input_ids, N)` drafts greedily ``k = ceil((N + 1) * M / L)`` own tokens (`draft_steps`:
 ``M / L`` is the drafter's tokens per target token on the context, so that about ``N + 1`` target tokens come out,
 one more than proposed), stops before a special token of its own, decodes them to the new text ``X`` and maps ``X``
-with `continuation_ids`. It proposes at most ``N`` target tokens, possibly none (it abstains: the round goes to the
-policy's fallback). Candidates the target's logits processors forbid are cut, as for prompt lookup.
-
-**Re-tokenisation rules** (`continuation_ids`: ``W`` is the last `lookbehind` target tokens, ``C`` their text):
-
-1. ``X`` ending in an incomplete character (U+FFFD, a partial byte sequence) is cut before it. An empty ``X``, or a
-   ``C`` ending in U+FFFD (the target stopped inside a character), maps to nothing.
-2. *exact*: ``C`` and ``C + X`` are encoded with the target tokenizer (no special tokens added). When the first is a
-   prefix of the second, the rest is the continuation. The comparison is with the re-encoding of ``C``, not with
-   ``W`` itself, so that how the window begins (mid-word, a tokenizer that prepends a space marker) or an earlier
-   non-canonical target token does not matter: both encodings begin alike, only their ends are compared. When the
-   encodings differ but ``C + X``'s has a token boundary exactly at the end of ``C``, the tokens after it are the
-   continuation too.
-3. *bridged*: otherwise ``X`` re-segments the end of ``C``: the target's last token is ``"hel"``, ``X = "lo there"``,
-   and the re-encoding holds ``"hello"``, which the target, already holding ``"hel"``, cannot produce. The **safe
-   choice**: keep the re-encoding's tokens from its first boundary past the end of ``C`` (``" there"``), and encode
-   the straddled piece of ``X`` (``"lo"``) on its own in front of them.
-4. Every continuation is checked: ``decode(W + candidates)`` must be exactly ``C + X``, or nothing is proposed
-   (*none*). So a bridge that a tokenizer spells differently (one that prepends a space marker to every encoding
-   makes ``"lo"`` read ``" lo"``) abstains, and so does a target tokenizer whose ``decode(encode(text))`` is not
-   ``text`` (a normalising one): the candidates always spell the drafter's text.
-5. The last candidate is dropped unless the drafter's text ended (it drafted one of its special tokens): the drafter
-   may have been inside a word, which its next token would have re-segmented.
+to target ids with `~hf_metasd.drafters.retokenize.continuation_ids` (the re-tokenisation rules are in
+`hf_metasd.drafters.retokenize`). It proposes at most ``N`` target tokens, possibly none (it abstains: the round
+goes to the policy's fallback). Candidates the target's logits processors forbid are cut, as for prompt lookup.
 
 **Lossless by construction.** The arm only proposes target token ids; the target verifies them. It has no logits
 (``returns_logits = False``): greedy decoding keeps the candidates the target's argmax agrees with; under
@@ -82,180 +62,44 @@ tokenizer object is not locked, so two threads sharing one must not change its p
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any
 
 import torch
 
 from ..errors import DrafterCompatibilityError, InvalidPoolError
-from . import register_drafter_kind
-from .base import Drafter, require_path, target_vocab_size, tokenizer_fingerprint
+from .base import Drafter, int_error
+from .candidates import CandidateDrafter, IsAllowed, allowed_prefix
+from .load import LoadContext
 from .model import ModelDrafter
-from .prompt_lookup import logits_processor_filter
+from .registry import register_drafter_kind
+from .retokenize import (
+    DEFAULT_LOOKBEHIND,
+    Continuation,
+    check_tokenizer,
+    continuation_ids,
+    decode_ids,
+    draft_steps,
+    encode_text,
+    leading_special_ids,
+)
+from .save import SaveContext
+from .spec import DrafterSpec, check_at_most, check_inside, require_path
+from .vocab import target_vocab_size, tokenizer_fingerprint
 
-if TYPE_CHECKING:
-    from ..pool.config import DrafterSpec
-    from ..pool.weights import LoadContext, SaveContext
+__all__ = ["TokenizerBridgeDrafter"]
 
-__all__ = ["Continuation", "TokenizerBridgeDrafter", "continuation_ids", "draft_steps", "leading_special_ids"]
-
-#: Target tokens re-read around the boundary (`GenerationConfig`'s default ``target_lookbehind``).
-DEFAULT_LOOKBEHIND = 10
 #: Largest `lookbehind` a pool file may set (each draft decodes and re-encodes that many tokens).
 MAX_LOOKBEHIND = 1024
-#: Most own tokens drafted per target token asked for (bounds `draft_steps` for a much finer drafter tokenizer).
-MAX_STEPS_PER_TOKEN = 4
 #: Folder of the drafter's tokenizer inside its pool folder.
 TOKENIZER_DIR = "tokenizer"
-_REPLACEMENT = "\ufffd"
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# text <-> ids, as pure functions
-# ---------------------------------------------------------------------------------------------------------------------
-def _decode(tokenizer: Any, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
-    return tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
-
-
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    return [int(i) for i in tokenizer.encode(text, add_special_tokens=False)]
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-class Continuation(NamedTuple):
-    """What `continuation_ids` made of a text: the target ids and the rule that produced them.
-
-    Attributes:
-        token_ids: target ids continuing the context (after the trailing drop of rule 5).
-        rule: ``"exact"``, ``"bridged"`` or ``"none"`` (rules 2-4 of the module docstring).
-    """
-
-    token_ids: list[int]
-    rule: str
-
-
-def continuation_ids(
-    tokenizer: Any,
-    context_ids: Sequence[int],
-    text: str,
-    *,
-    lookbehind: int = DEFAULT_LOOKBEHIND,
-    complete: bool = False,
-) -> Continuation:
-    """Target ids that continue `context_ids` with `text`, by the re-tokenisation rules of the module docstring.
-
-    Args:
-        tokenizer: the target's tokenizer.
-        context_ids: the target's sequence (only its last `lookbehind` ids are read).
-        text: the new text (the drafter's decoded draft).
-        lookbehind: target tokens re-read around the boundary.
-        complete: the text ended (the drafter drafted an end token): keep the last candidate (rule 5).
-
-    Example:
-        >>> from tokenizers import Tokenizer, decoders, models
-        >>> from transformers import PreTrainedTokenizerFast
-        >>> chars = {c: i for i, c in enumerate("abcdehlorst ")}
-        >>> merges = [("h", "e"), ("he", "l"), ("hel", "l"), ("hell", "o")]
-        >>> bpe = Tokenizer(models.BPE({**chars, "he": 12, "hel": 13, "hell": 14, "hello": 15}, merges))
-        >>> bpe.decoder = decoders.Fuse()
-        >>> target = PreTrainedTokenizerFast(tokenizer_object=bpe)
-        >>> context = target.encode("a hel")                            # ..., "hel"
-        >>> ids, rule = continuation_ids(target, context, "lo there", complete=True)
-        >>> rule, target.convert_ids_to_tokens(ids)                      # "lo" bridged before " there"
-        ('bridged', ['l', 'o', ' ', 't', 'he', 'r', 'e'])
-        >>> continuation_ids(target, context, "lo there").token_ids == ids[:-1]   # incomplete: last one dropped
-        True
-    """
-    text = text.rstrip(_REPLACEMENT)
-    if not text:
-        return Continuation([], "none")
-    window = [int(i) for i in list(context_ids)[-lookbehind:]] if lookbehind > 0 else []
-    window_text = _decode(tokenizer, window)
-    if window_text.endswith(_REPLACEMENT):
-        return Continuation([], "none")
-    base = _encode(tokenizer, window_text)
-    full = _encode(tokenizer, window_text + text)
-    if full[: len(base)] == base:
-        ids, rule = full[len(base) :], "exact"
-    else:
-        ids, rule = _across_boundary(tokenizer, window_text, text, full, _common_prefix(base, full))
-    if ids and _decode(tokenizer, window + ids) != window_text + text:
-        return Continuation([], "none")
-    if not complete:
-        ids = ids[:-1]
-    return Continuation(ids, rule)
-
-
-def _across_boundary(tokenizer: Any, context: str, text: str, full: list[int], start: int) -> tuple[list[int], str]:
-    """Rules 2-3 when the re-encoding of ``context + text`` changed the end of ``context``'s: find its first token
-    boundary at or past the end of `context`; bridge the straddled piece of `text` by encoding it on its own."""
-    whole = context + text
-    for j in range(start, len(full) + 1):
-        decoded = _decode(tokenizer, full[:j])
-        if len(decoded) >= len(context) and whole.startswith(decoded):  # a partial character never matches
-            piece = decoded[len(context) :]
-            if not piece:
-                return full[j:], "exact"
-            return _encode(tokenizer, piece) + full[j:], "bridged"
-    return [], "none"
-
-
-def leading_special_ids(tokenizer: Any) -> list[int]:
-    """The special ids `tokenizer` puts **before** a text when it adds special tokens (e.g. ``[bos]``; none after).
-
-    Example:
-        >>> from tokenizers import Tokenizer, models, processors
-        >>> from transformers import PreTrainedTokenizerFast
-        >>> raw = Tokenizer(models.WordLevel({"<s>": 0, "</s>": 1, "a": 2}, unk_token="<s>"))
-        >>> raw.post_processor = processors.TemplateProcessing(
-        ...     single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 1)])
-        >>> tok = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<s>", eos_token="</s>")
-        >>> tok.encode("a"), leading_special_ids(tok)
-        ([0, 2, 1], [0])
-    """
-    plain = _encode(tokenizer, "a")
-    marked = [int(i) for i in tokenizer.encode("a", add_special_tokens=True)]
-    for start in range(len(marked) - len(plain) + 1):
-        if marked[start : start + len(plain)] == plain:
-            return marked[:start]
-    return []
-
-
-def draft_steps(num_tokens: int, own_length: int, target_length: int) -> int:
-    """Own tokens to draft for `num_tokens` target tokens: ``ceil((num_tokens + 1) * own_length / target_length)``,
-    in ``[1, MAX_STEPS_PER_TOKEN * (num_tokens + 1)]`` (one target token more than proposed: rule 5 drops one).
-
-    Example:
-        >>> draft_steps(3, 50, 100), draft_steps(3, 100, 100), draft_steps(3, 1000, 10)  # coarser, same, finer
-        (2, 4, 16)
-    """
-    ratio = own_length / max(target_length, 1)
-    return max(1, min(math.ceil((num_tokens + 1) * ratio), MAX_STEPS_PER_TOKEN * (num_tokens + 1)))
-
-
-def _check_tokenizer(name: str, tokenizer: Any) -> None:
-    if not all(callable(getattr(tokenizer, attr, None)) for attr in ("encode", "decode", "get_vocab", "__len__")):
-        raise TypeError(
-            f"`{name}` must be a transformers tokenizer (`encode`, `decode`, `get_vocab`), but is "
-            f"{type(tokenizer).__name__}. Pass e.g. `AutoTokenizer.from_pretrained(model_id)`."
-        )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # the drafter
 # ---------------------------------------------------------------------------------------------------------------------
 @register_drafter_kind
-class TokenizerBridgeDrafter(Drafter):
+class TokenizerBridgeDrafter(CandidateDrafter):
     """Drafts with a causal LM that has its **own** tokenizer; proposes target tokens (see the module docstring).
 
     Args:
@@ -289,7 +133,6 @@ class TokenizerBridgeDrafter(Drafter):
     """
 
     kind = "other_tokenizer"
-    returns_logits = False
 
     def __init__(
         self,
@@ -300,11 +143,11 @@ class TokenizerBridgeDrafter(Drafter):
         name: str | None = None,
         lookbehind: int = DEFAULT_LOOKBEHIND,
     ) -> None:
-        _check_tokenizer("tokenizer", tokenizer)
+        check_tokenizer("tokenizer", tokenizer)
         if target_tokenizer is not None:
-            _check_tokenizer("target_tokenizer", target_tokenizer)
+            check_tokenizer("target_tokenizer", target_tokenizer)
         if not isinstance(lookbehind, int) or isinstance(lookbehind, bool) or lookbehind < 1:
-            raise ValueError(
+            raise int_error(lookbehind)(
                 f"`lookbehind` must be an int >= 1 (tokens re-read around the boundary), but is {lookbehind!r}. "
                 f"Use e.g. {DEFAULT_LOOKBEHIND}."
             )
@@ -322,7 +165,6 @@ class TokenizerBridgeDrafter(Drafter):
         self._inner = inner
         self._leading = leading_special_ids(tokenizer)
         self._own_special = {int(i) for i in tokenizer.all_special_ids}
-        self._logits_width: int | None = None
         self._fresh_state()
 
     # ------------------------------------------------------------------ properties
@@ -366,12 +208,6 @@ class TokenizerBridgeDrafter(Drafter):
             )
 
     # ------------------------------------------------------------------ state
-    def spawn(self, target: Any = None) -> TokenizerBridgeDrafter:
-        """The call's copy; it keeps the target's logits width to apply its logits processors to candidates."""
-        clone = super().spawn(target)
-        clone._logits_width = None if target is None else target_vocab_size(target)
-        return clone
-
     def reset(self) -> None:
         self._inner = self._inner.spawn()  # a fresh cache on a copy: the shared drafter's is untouched
         self._fresh_state()
@@ -404,8 +240,8 @@ class TokenizerBridgeDrafter(Drafter):
     @torch.no_grad()
     def catch_up(self, input_ids: torch.LongTensor, *, return_logits: bool | int = False) -> None:
         """Re-read the target's sequence as own ids; the model ingests what differs from its cache. No logits."""
-        text = _decode(self._target_tokenizer(), input_ids[0].tolist(), skip_special_tokens=True)
-        own = self._leading + _encode(self.tokenizer, text)
+        text = decode_ids(self._target_tokenizer(), input_ids[0].tolist(), skip_special_tokens=True)
+        own = self._leading + encode_text(self.tokenizer, text)
         self._context = input_ids.detach().clone()
         self.last_catch_up_tokens = 0
         if not own:  # no text and no leading special token: nothing to draft from
@@ -417,23 +253,14 @@ class TokenizerBridgeDrafter(Drafter):
         return None
 
     @torch.no_grad()
-    def draft(
-        self,
-        input_ids: torch.LongTensor,
-        num_tokens: int,
-        *,
-        logits_processor: Any = None,
-        do_sample: bool = False,
-    ) -> tuple[torch.LongTensor, None]:
+    def candidates(self, input_ids: torch.LongTensor, num_tokens: int, is_allowed: IsAllowed | None) -> torch.Tensor:
         """Up to `num_tokens` target tokens continuing `input_ids` (greedy in the drafter's vocabulary, both modes)."""
-        empty = input_ids[:, :0]
-        if num_tokens < 1:
-            return empty, None
+        empty = input_ids[0, :0]
         if not self._caught_up(input_ids):
             self.catch_up(input_ids)
         if self._own is None:
             self.last_continuation = Continuation([], "none")
-            return empty, None
+            return empty
         steps = draft_steps(num_tokens, self._own.shape[1], input_ids.shape[1])
         drafted = self._inner.draft(self._own, steps)[0][0].tolist()
         complete = False
@@ -442,11 +269,11 @@ class TokenizerBridgeDrafter(Drafter):
                 drafted, complete = drafted[:i], True
                 break
         window = self._own[0, -self.lookbehind :].tolist()
-        before = _decode(self.tokenizer, window, skip_special_tokens=True)
-        after = _decode(self.tokenizer, window + drafted, skip_special_tokens=True)
+        before = decode_ids(self.tokenizer, window, skip_special_tokens=True)
+        after = decode_ids(self.tokenizer, window + drafted, skip_special_tokens=True)
         if not after.startswith(before):
             self.last_continuation = Continuation([], "none")
-            return empty, None
+            return empty
         context = input_ids[0, -self.lookbehind :].tolist()
         found = continuation_ids(
             self.target_tokenizer, context, after[len(before) :], lookbehind=self.lookbehind, complete=complete
@@ -456,13 +283,7 @@ class TokenizerBridgeDrafter(Drafter):
         width = self._logits_width
         if width is not None:
             ids = ids[: next((i for i, t in enumerate(ids) if t >= width), len(ids))]
-        tokens = torch.tensor(ids, dtype=torch.long, device=input_ids.device)
-        allowed = logits_processor_filter(logits_processor, width)
-        if allowed is not None and tokens.numel():
-            bad = (~allowed(input_ids, tokens)).nonzero()
-            if bad.numel():
-                tokens = tokens[: int(bad[0, 0])]
-        return tokens.reshape(1, -1), None
+        return allowed_prefix(torch.tensor(ids, dtype=torch.long, device=input_ids.device), input_ids, is_allowed)
 
     # ------------------------------------------------------------------ pool config round trip
     @classmethod
@@ -471,9 +292,7 @@ class TokenizerBridgeDrafter(Drafter):
         embeddings); the drafter's tokenizer always in ``drafters/<name>/tokenizer/``; with stored weights, the
         target's tokenizer in ``tokenizers/target/`` (once per pool). Params: ``tokenizer``, ``target_tokenizer``
         (``None`` unless stored), ``target_tokenizer_hash`` (its `tokenizer_fingerprint`), ``lookbehind`` (an int in
-        ``[1, MAX_LOOKBEHIND]``, 1024, in a pool file), ``dtype`` (one of `hf_metasd.pool.weights.DTYPES`)."""
-        from ..pool.config import DrafterSpec
-
+        ``[1, MAX_LOOKBEHIND]``, 1024, in a pool file), ``dtype`` (one of `hf_metasd.drafters.spec.DTYPES`)."""
         (drafter,) = group
         plan = ctx.model_reference(drafter, drafter.model, share_embeddings=False)  # other vocabulary: nothing shared
         own_folder, own_tokenizer = f"{plan.folder}/{TOKENIZER_DIR}", drafter.tokenizer
@@ -505,7 +324,8 @@ class TokenizerBridgeDrafter(Drafter):
         cls.validate_spec(spec, where)  # the pool validated it already; a direct call gets the same messages
         target_tokenizer = _target_tokenizer_for(spec, ctx, where)
         tokenizer = ctx.load_tokenizer(spec.params["tokenizer"], where, "tokenizer")
-        model = _load_model(spec, ctx, where, ctx.dtype(spec, where))
+        # its vocabulary is its own tokenizer's, not the target's
+        model = ctx.load_model(spec, where, dtype=ctx.dtype(spec, where), check_vocab=False)
         lookbehind = spec.params.get("lookbehind", DEFAULT_LOOKBEHIND)
 
         def construct() -> TokenizerBridgeDrafter:
@@ -518,8 +338,6 @@ class TokenizerBridgeDrafter(Drafter):
         """A `path` to the model, ``params.tokenizer`` inside the pool, ``params.target_tokenizer`` inside the pool or
         ``None`` (a stored copy comes with its ``target_tokenizer_hash``), ``params.lookbehind`` at
         most `MAX_LOOKBEHIND`, no `adapters`."""
-        from ..pool.config import check_at_most, check_inside
-
         require_path(spec, where)
         tokenizer = spec.params.get("tokenizer")
         if not isinstance(tokenizer, str) or not tokenizer:
@@ -545,10 +363,12 @@ class TokenizerBridgeDrafter(Drafter):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# loading helpers (the pool's `LoadContext` reads; the vocabulary check of assistant-model entries does not apply)
+# the target's tokenizer at load
 # ---------------------------------------------------------------------------------------------------------------------
 def _target_tokenizer_for(spec: DrafterSpec, ctx: LoadContext, where: str) -> Any:
-    given = getattr(ctx, "tokenizer", None)
+    """The load's `tokenizer=` (its fingerprint checked against the recorded one), else the pool's stored copy (read
+    once per pool), else a clear error."""
+    given = ctx.tokenizer
     expected = spec.params.get("target_tokenizer_hash")
     if given is not None:
         if expected is not None:
@@ -575,14 +395,3 @@ def _target_tokenizer_for(spec: DrafterSpec, ctx: LoadContext, where: str) -> An
         expected = spec.params.get("target_tokenizer_hash")
         ctx.bases[key] = ctx.load_tokenizer(stored, where, "target's tokenizer", expected_hash=expected)
     return ctx.bases[key]
-
-
-def _load_model(spec: DrafterSpec, ctx: LoadContext, where: str, dtype: torch.dtype) -> Any:
-    """The entry's causal LM (stored in the pool, a folder the caller mapped, or a Hub id with its revision), on the
-    target's device; its vocabulary is its own tokenizer's, not the target's."""
-    location = ctx.resolve(spec, where, need_folder=False)
-    if spec.stored and ctx.mapped(spec.path) is None:
-        return ctx.load_base(location, where, share=False, dtype=dtype, check_vocab=False)
-    model = ctx.load_reference(spec, where, location, dtype=dtype, check_vocab=False)
-    device = getattr(ctx.target, "device", None)
-    return (model if device is None else model.to(device)).eval()

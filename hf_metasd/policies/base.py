@@ -126,8 +126,7 @@ class Policy(ABC):
         prior_weight: pseudo-observations each prior mean counts as (``None`` without a prior).
         full_information: class attribute; ``True`` for policies that learn from every drafter's (counterfactual)
             reward each round through `update_all` (``hedge``). The candidate generator and the simulator then score
-            every drafter after each round when asked to (``meta_full_information=True``); for the other policies
-            `update_all` is a no-op.
+            every drafter after each round; for the other policies `update_all` is a no-op.
 
     Example:
         >>> from hf_metasd.policies import get_policy

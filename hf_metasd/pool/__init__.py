@@ -12,16 +12,18 @@ A `DrafterPool` given as ``assistant_models=`` brings its policy, reward and `nu
 explicit ``meta_policy=`` / ``meta_reward=`` / ``num_assistant_tokens=`` arguments still win. We pass the pool object
 itself (rather than unpacking it) so that one object carries everything a pool's author tuned.
 
-The package, one concept per module:
+The package, one concept per module (it builds on `hf_metasd.drafters`, which owns each entry's save / load):
 
-* `config` -- `DrafterSpec` (one entry) and `DrafterPoolConfig` (the file): schema, validation, sorted JSON, versions;
-* `weights` -- weight files (write, read, check) and the `SaveContext` / `LoadContext` every drafter kind saves and
-  loads itself through (`Drafter.to_spec` / `Drafter.from_spec`), so that nothing here names a kind;
-* `pool` -- `DrafterPool`: one plan per save or push, Hub I/O;
-* `card` -- the model card;
-* `untrusted` -- why loading a pool is as safe as loading safetensors: no code runs, only the pool's own files are
-  read (a local folder outside it only when the caller maps it with ``local_paths=``), every number is bounded,
-  tokenizers are checked, and any failure is an `InvalidPoolError` naming the file.
+* `config` -- `DrafterPoolConfig` (the file): schema, validation, sorted JSON, versions; its entries are
+  `hf_metasd.drafters.spec.DrafterSpec`;
+* `pool` -- `DrafterPool`: one plan per save or push, Hub I/O; every drafter kind saves and loads itself through the
+  `hf_metasd.drafters.save.SaveContext` / `hf_metasd.drafters.load.LoadContext` (`Drafter.to_spec` /
+  `Drafter.from_spec`), so that nothing here names a kind;
+* `card` -- the model card.
+
+Loading a pool is as safe as loading safetensors (`hf_metasd.drafters.untrusted`): no code runs, only the pool's own
+files are read (a local folder outside it only when the caller maps it with ``local_paths=``), every number is
+bounded, tokenizers are checked, and any failure is an `InvalidPoolError` naming the file.
 
 What is stored where (`config.json`, one entry per drafter, see `DrafterSpec`):
 

@@ -1,20 +1,21 @@
-"""A pool's `config.json`: `DrafterSpec` (one entry), `DrafterPoolConfig` (the file), their validation and versions.
+"""A pool's `config.json`: `DrafterPoolConfig` (the file of `DrafterSpec` entries), its validation and versions.
 
 The file is sorted, indented JSON. `DrafterPoolConfig.validate` runs before every save and every load and reads
 nothing: the checks every entry gets live here (a registered kind, paths that stay inside the pool, no key that asks
 for code, at most `MAX_ARMS` arms), the checks of one kind live on the kind (`Drafter.validate_spec`), so this module
 names no kind.
 
-**A pool is data, and bounded.** A pool comes from the Hub: its file is untrusted input (`hf_metasd.pool.untrusted`
+**A pool is data, and bounded.** A pool comes from the Hub: its file is untrusted input (`hf_metasd.drafters.untrusted`
 says what loading one reads). Every number it sets has a range checked on load, and on save, so that a pool that
 saves also loads: the top-level ones are in `DrafterPoolConfig` (`MAX_NUM_ASSISTANT_TOKENS`, `MAX_PRIOR_WEIGHT`,
 `MAX_POLICY_SETTING`, `MAX_ARMS`), each kind documents the ranges of its `params` in its `to_spec` and checks them in
-its `validate_spec` (upper bounds with `check_at_most`, the rest in its constructor). The whole table is in
-docs/tutorials/pool_hub.md ("What a pool file may hold").
+its `validate_spec` (upper bounds with `hf_metasd.drafters.spec.check_at_most`, the rest in its constructor). The
+whole table is in docs/tutorials/pool_hub.md ("What a pool file may hold").
 
 Versions: `format_version` is the layout version (`FORMAT_VERSION`). A file of a newer format is refused with the
 versions to upgrade to; a file of a readable format that holds keys this version does not know (written by a newer
-hf_metasd that added optional fields) loads with **one** warning naming them all.
+hf_metasd that added optional fields) loads with **one** warning naming them all, and so does a file that sets a
+setting this version retired (`hf_metasd.settings.RETIRED_SETTINGS`): the keys are dropped, the pool loads.
 """
 
 from __future__ import annotations
@@ -27,10 +28,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import settings
 from .._validation import check_real
 from .._version import __version__
-from ..drafters import DRAFTER_KINDS, unique_names
-from ..errors import InvalidPoolError, MetaSDConfigError
+from ..drafters import DRAFTER_KINDS, tokenizer_fingerprint, unique_names
+from ..drafters.spec import MAX_NUM_ASSISTANT_TOKENS, DrafterSpec, check_at_most, check_inside
+from ..drafters.untrusted import nests_deeper
+from ..errors import DrafterCompatibilityError, InvalidPoolError, InvalidPoolTypeError, MetaSDConfigError
 from ..policies import POLICY_REGISTRY, get_policy
 from ..rewards import COST_AWARE_REWARDS, REWARDS, get_reward, is_cost_aware
 from ..settings import DEFAULTS
@@ -48,8 +52,6 @@ __all__ = [
     "NO_DRAFT",
     "DrafterPoolConfig",
     "DrafterSpec",
-    "check_at_most",
-    "check_inside",
     "validate_defaults",
     "validate_priors",
 ]
@@ -62,9 +64,6 @@ NO_DRAFT = "no_draft"
 #: optional top-level fields written only when set, so that older hf_metasd versions read such pools without a warning.
 _OMITTED_WHEN_NONE = ("priors", "prior_weight", "tokenizer_hash")
 _RESAVE = "Re-save the pool with `DrafterPool.save_pretrained`."
-#: Most tokens a pool may set as its draft length (`num_assistant_tokens`): far above the 3-20 that pay off, far below
-#: a length whose bookkeeping alone slows a call (10,000,000 made 12 new tokens take 40 s).
-MAX_NUM_ASSISTANT_TOKENS = 128
 #: Most arms a pool may hold (drafters, a LoRA entry counting one arm per adapter).
 MAX_ARMS = 64
 #: Most pseudo-observations a prior may count as (`prior_weight`).
@@ -77,37 +76,6 @@ CODE_KEYS = ("auto_map", "class_path", "trust_remote_code")
 MAX_CONFIG_DEPTH = 16
 #: Largest `config.json` a load reads (a pool of `MAX_ARMS` drafters writes a few tens of KB).
 MAX_CONFIG_BYTES = 4 * 2**20
-
-
-@dataclass
-class DrafterSpec:
-    """One entry of a pool's `config.json`: how to rebuild one drafter, or several arms (a ``lora`` entry: one per adapter).
-
-    The kind owns what an entry means (`Drafter.to_spec` writes it, `Drafter.from_spec` reads it, their docstrings
-    list the kind's `params`); the fields are the same for every kind.
-
-    Attributes:
-        kind: a registered drafter kind (``"assistant_model"``, ``"lora"``, ``"prompt_lookup"``, ``"early_exit"``,
-            ``"corpus"``, ...).
-        name: the drafter's label (an entry with several arms names them itself, e.g. after their adapters).
-        path: where the weights are: a Hub repo id or a local folder (a reference), or, when `stored`, a folder
-            relative to the pool. ``None`` for kinds without weights (for ``early_exit``: the adapter, if any).
-        revision: Hub revision of a reference (a commit hash pins it).
-        stored: the weights live inside the pool folder, at `path`.
-        adapters: the adapter names of an entry with one arm per adapter (``lora``: adapter ``a`` is read from
-            ``<path>/<params["adapters_dir"]>/a``), in arm order; ``None`` for every other kind.
-        params: kind parameters (see the kind's `to_spec`): a model-free kind's constructor keyword arguments, a model
-            kind's ``share_target_embeddings`` (the stored base has no embedding / LM head weights and uses the
-            target's modules), ``dtype`` and ``head_token_ids`` (a JSON file of token ids relative to the pool folder).
-    """
-
-    kind: str
-    name: str
-    path: str | None = None
-    revision: str | None = None
-    stored: bool = False
-    adapters: list[str] | None = None
-    params: dict[str, Any] = field(default_factory=dict)
 
 
 _TOP_TYPES: dict[str, tuple[type, ...]] = {
@@ -154,7 +122,7 @@ class DrafterPoolConfig:
         prior_weight: pseudo-observations each prior counts as, in ``(0, MAX_PRIOR_WEIGHT]`` (10,000), or ``None``
             for the policy's default.
 
-    Policy, reward and draft length default to `hf_metasd.generation.DEFAULTS`. A file written by a newer hf_metasd
+    Policy, reward and draft length default to `hf_metasd.settings.DEFAULTS`. A file written by a newer hf_metasd
     may hold keys this version does not know: they are ignored with **one** warning naming them all.
 
     Ranges checked by `validate` (on every save and load): the ones above; every number in `policy_kwargs` at most
@@ -214,6 +182,21 @@ class DrafterPoolConfig:
         _check_tokenizer_hash(self.tokenizer_hash)
         validate_priors(self.priors, self.prior_weight, names, self.policy, self.reward)
 
+    def check_tokenizer(self, tokenizer: Any) -> None:
+        """A tokenizer given at load must be the one the pool was saved with (when the pool recorded one), else
+        `DrafterCompatibilityError`."""
+        if tokenizer is None or self.tokenizer_hash is None:
+            return
+        given = tokenizer_fingerprint(tokenizer)
+        if given != self.tokenizer_hash:
+            raise DrafterCompatibilityError(
+                f"pool `tokenizer` must be the tokenizer the pool was saved with (fingerprint {self.tokenizer_hash}), "
+                f"but the given one has fingerprint {given}: same-size vocabularies with other tokens would make "
+                "every draft wrong. Load the pool for the target it was built for "
+                f"({self.target or 'config.json `target`'}) with that target's tokenizer, or re-save the pool with "
+                "`save_pretrained(..., tokenizer=tokenizer)` once its drafters use this tokenizer."
+            )
+
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
         """The fields as plain data (optional fields that are unset are left out)."""
@@ -243,21 +226,28 @@ class DrafterPoolConfig:
     @classmethod
     def from_dict(cls, data: Any, *, source: str = CONFIG_NAME) -> DrafterPoolConfig:
         """Build a config from parsed JSON: the format version is checked first (a newer one is refused), then the
-        types; unknown keys are ignored with one warning."""
+        types; keys this version does not know (written by a newer one) and settings it no longer reads
+        (`hf_metasd.settings.RETIRED_SETTINGS`) are dropped with one warning naming them."""
         if not isinstance(data, dict):
-            raise InvalidPoolError(
+            raise InvalidPoolTypeError(
                 f"{source} must hold a JSON object, but holds {type(data).__name__}. Re-save the pool with "
                 "`DrafterPool.save_pretrained`."
             )
-        _check_depth(data, source)
+        if nests_deeper(data, MAX_CONFIG_DEPTH):
+            raise InvalidPoolError(
+                f"{source} must nest lists and objects at most {MAX_CONFIG_DEPTH} deep, but nests deeper. Restore the "
+                f"file, or re-save the pool with `DrafterPool.save_pretrained`."
+            )
         _check_format_version(data.get("format_version"), data.get("hf_metasd_version"), source)
         unknown = [k for k in data if k not in _TOP_TYPES]
+        retired = [k for k in unknown if k in settings.RETIRED_SETTINGS]  # read now: the list grows with versions
+        unknown = [k for k in unknown if k not in retired]
         kwargs = {k: _typed(data[k], _TOP_TYPES[k], k, source) for k in _TOP_TYPES if k in data}
         specs = []
         for i, entry in enumerate(kwargs.get("drafters", [])):
             where = f"drafters[{i}]"
             if not isinstance(entry, dict):
-                raise InvalidPoolError(
+                raise InvalidPoolTypeError(
                     f"{source} `{where}` must be a JSON object, but is {type(entry).__name__}. Fix the entry."
                 )
             for key in ("kind", "name"):
@@ -273,14 +263,8 @@ class DrafterPoolConfig:
             )
         kwargs["drafters"] = specs
         config = cls(**kwargs)
-        if unknown:
-            warnings.warn(
-                f"{source} was written by hf_metasd {config.hf_metasd_version} (format {config.format_version}); "
-                f"this is hf_metasd {__version__} (format {FORMAT_VERSION}), and it has keys this version does not "
-                f"know, ignored: {unknown}. Upgrade hf_metasd to use them.",
-                UserWarning,
-                stacklevel=2,
-            )
+        if unknown or retired:
+            warnings.warn(_dropped_keys_message(config, source, unknown, retired), UserWarning, stacklevel=2)
         return config
 
     @classmethod
@@ -314,7 +298,9 @@ def _check_format_version(version: Any, written_by: Any, source: str) -> None:
     """`format_version` must be an int in [1, FORMAT_VERSION]; a newer one names both versions and says to upgrade."""
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         shown = "missing" if version is None else repr(version)
-        raise InvalidPoolError(f"{source} `format_version` must be an int >= 1, but is {shown}. {_RESAVE}")
+        raise _error(version is not None and not _is_int(version))(
+            f"{source} `format_version` must be an int >= 1, but is {shown}. {_RESAVE}"
+        )
     if version > FORMAT_VERSION:
         raise InvalidPoolError(
             f"{source} must be in a pool format this hf_metasd reads (format <= {FORMAT_VERSION}), but it is format "
@@ -323,52 +309,24 @@ def _check_format_version(version: Any, written_by: Any, source: str) -> None:
         )
 
 
-def check_inside(value: Any, where: str, *, single: bool = False) -> None:
-    """Paths inside a pool must stay inside it: relative, no `..` (a Hub config is untrusted input).
-
-    With `single`, the path must be one folder name (an adapter's name).
-
-    Example:
-        >>> check_inside("adapters/code", "`params.adapters_dir`")
-        >>> check_inside("../elsewhere", "`path`")
-        Traceback (most recent call last):
-        ...
-        hf_metasd.errors.InvalidPoolError: `path` must be a relative path inside the pool folder, but is '../elsewhere'. Use e.g. "adapters"; reference outside weights with a non-stored `path` instead.
-    """
-    if value is None:
-        return
-    parts = Path(value).parts if isinstance(value, str) else None
-    if (
-        parts is None
-        or Path(value).is_absolute()
-        or ".." in parts
-        or "\\" in value
-        or (single and (len(parts) != 1 or value in (".", "")))
-    ):
-        raise InvalidPoolError(
-            f"{where} must be a relative path inside the pool folder{' (one folder name)' if single else ''}, but is "
-            f'{value!r}. Use e.g. "adapters"; reference outside weights with a non-stored `path` instead.'
+def _dropped_keys_message(config: DrafterPoolConfig, source: str, unknown: list[str], retired: list[str]) -> str:
+    """The one warning of `DrafterPoolConfig.from_dict` for the keys it dropped: settings this version retired (with
+    why, where `RETIRED_SETTINGS` says), and keys it does not know (written by a newer version)."""
+    parts = []
+    if retired:
+        why = settings.RETIRED_SETTINGS
+        reasons = [f"{k} ({why[k]})" if isinstance(why, dict) and why.get(k) else k for k in retired]
+        parts.append(
+            f"{source} sets {retired}, settings this hf_metasd {__version__} no longer reads; they are dropped: "
+            f"{'; '.join(reasons)}. Re-save the pool with `DrafterPool.save_pretrained` to drop them from the file."
         )
-
-
-def check_at_most(value: Any, where: str, high: float) -> None:
-    """A number a pool file sets must be at most `high`, its documented upper bound (NaN is refused too), else
-    `InvalidPoolError`. Its type and lower bound are checked by what takes it (the kind's constructor, the policy's
-    settings); anything that is not a number passes here. Kinds check their `params` with it in `validate_spec`.
-
-    Example:
-        >>> check_at_most(64, "`params.max_occurrences`", 4096)
-        >>> check_at_most(10**9, "`params.max_occurrences`", 4096)
-        Traceback (most recent call last):
-        ...
-        hf_metasd.errors.InvalidPoolError: `params.max_occurrences` must be at most 4096, but is 1000000000. Use a value in its range (the ranges of a pool file are in docs/tutorials/pool_hub.md).
-    """
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and not value <= high:
-        shown = f"{high:g}" if isinstance(high, float) else str(high)
-        raise InvalidPoolError(
-            f"{where} must be at most {shown}, but is {value!r}. Use a value in its range (the ranges of a pool file "
-            "are in docs/tutorials/pool_hub.md)."
+    if unknown:
+        parts.append(
+            f"{source} was written by hf_metasd {config.hf_metasd_version} (format {config.format_version}); this is "
+            f"hf_metasd {__version__} (format {FORMAT_VERSION}), and it has keys this version does not know, "
+            f"ignored: {unknown}. Upgrade hf_metasd to use them."
         )
+    return " ".join(parts)
 
 
 def _check_no_code(params: dict[str, Any], where: str) -> None:
@@ -381,25 +339,11 @@ def _check_no_code(params: dict[str, Any], where: str) -> None:
             )
 
 
-def _check_depth(data: Any, source: str) -> None:
-    """Lists and objects in `data` must nest at most `MAX_CONFIG_DEPTH` deep (checked without recursion)."""
-    stack = [(data, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, (dict, list)):
-            if depth > MAX_CONFIG_DEPTH:
-                raise InvalidPoolError(
-                    f"{source} must nest lists and objects at most {MAX_CONFIG_DEPTH} deep, but nests deeper. Restore "
-                    f"the file, or re-save the pool with `DrafterPool.save_pretrained`."
-                )
-            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
-
-
 def _typed(value: Any, types: tuple[type, ...], key: str, source: str) -> Any:
     ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
     if not ok:
         names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
-        raise InvalidPoolError(
+        raise InvalidPoolTypeError(
             f"{source} `{key}` must be {names}, but is {value!r}. Fix the value, or re-save the pool with "
             "`DrafterPool.save_pretrained`."
         )
@@ -409,14 +353,14 @@ def _typed(value: Any, types: tuple[type, ...], key: str, source: str) -> Any:
 def validate_defaults(policy: Any, policy_kwargs: Any, reward: Any, num_assistant_tokens: Any) -> None:
     """The defaults a pool brings to generate (policy and its settings, reward, draft length) must be savable."""
     if not isinstance(policy, str):
-        raise InvalidPoolError(
+        raise InvalidPoolTypeError(
             f"pool `policy` must be a registered policy name (instances cannot be saved), but is "
             f'{type(policy).__name__}. Pass the name, e.g. "ucb", or give the instance as `meta_policy=` to generate.'
         )
     try:
         json.dumps(policy_kwargs or {})
     except (TypeError, ValueError, RecursionError) as err:
-        raise InvalidPoolError(
+        raise InvalidPoolTypeError(
             f"pool `policy_kwargs` must be JSON-serialisable to be saved, but is {policy_kwargs!r}. Use plain numbers, "
             "strings and lists."
         ) from err
@@ -427,7 +371,7 @@ def validate_defaults(policy: Any, policy_kwargs: Any, reward: Any, num_assistan
     except (MetaSDConfigError, ValueError, TypeError) as err:
         raise InvalidPoolError(f"pool policy {policy!r} with {policy_kwargs or {}} is invalid: {err}") from err
     if not isinstance(reward, str):
-        raise InvalidPoolError(
+        raise InvalidPoolTypeError(
             f"pool `reward` must be a reward name in {sorted(REWARDS)} (callables cannot be saved), but is "
             f"{type(reward).__name__}. Use a name, or pass the callable as `meta_reward=` to generate."
         )
@@ -435,8 +379,8 @@ def validate_defaults(policy: Any, policy_kwargs: Any, reward: Any, num_assistan
         get_reward(reward)
     except MetaSDConfigError as err:
         raise InvalidPoolError(f"pool reward {reward!r} is invalid: {err}") from err
-    if not isinstance(num_assistant_tokens, int) or isinstance(num_assistant_tokens, bool) or num_assistant_tokens < 1:
-        raise InvalidPoolError(
+    if not _is_int(num_assistant_tokens) or num_assistant_tokens < 1:
+        raise _error(not _is_int(num_assistant_tokens))(
             f"pool `num_assistant_tokens` must be an int >= 1, but is {num_assistant_tokens!r}. "
             f"Use e.g. {DEFAULTS['num_assistant_tokens']}."
         )
@@ -467,7 +411,7 @@ def validate_priors(priors: Any, prior_weight: Any, names: list[str], policy: st
             )
         return
     if not isinstance(priors, dict):
-        raise InvalidPoolError(
+        raise InvalidPoolTypeError(
             f"pool `priors` must be a dict {{drafter name: prior mean reward}}, but is {type(priors).__name__}. "
             "Pass e.g. `{'code': 0.8, 'no_draft': 0.3}`."
         )
@@ -481,7 +425,7 @@ def validate_priors(priors: Any, prior_weight: Any, names: list[str], policy: st
     arms = unique_names(names)
     for name, value in priors.items():
         if not isinstance(name, str) or (name not in arms and name != NO_DRAFT):
-            raise InvalidPoolError(
+            raise _error(not isinstance(name, str))(
                 f"pool `priors` must name the pool's drafters {arms} or {NO_DRAFT!r}, but has {name!r}. Fix the name, "
                 "or drop that prior."
             )
@@ -491,27 +435,11 @@ def validate_priors(priors: Any, prior_weight: Any, names: list[str], policy: st
                 f"only ones that can score the no-draft arm), but the pool's reward is {reward!r}. Use e.g. "
                 f'reward "speed", or drop the {NO_DRAFT!r} prior.'
             )
-        try:
-            check_real(
-                f"priors[{name!r}]",
-                value,
-                low=0.0,
-                high=1.0,
-                hint="Use the drafter's mean reward under the pool's reward, in [0, 1].",
-            )
-        except ValueError as err:
-            raise InvalidPoolError(f"pool {err}") from err
+        hint = "Use the drafter's mean reward under the pool's reward, in [0, 1]."
+        _check_pool_real(f"priors[{name!r}]", value, low=0.0, high=1.0, hint=hint)
     if prior_weight is not None:
-        try:
-            check_real(
-                "prior_weight",
-                prior_weight,
-                low=0.0,
-                low_open=True,
-                hint="Use e.g. 2.0 (each prior counts as that many rounds), or None for the policy's default.",
-            )
-        except ValueError as err:
-            raise InvalidPoolError(f"pool {err}") from err
+        hint = "Use e.g. 2.0 (each prior counts as that many rounds), or None for the policy's default."
+        _check_pool_real("prior_weight", prior_weight, low=0.0, low_open=True, hint=hint)
         if prior_weight > MAX_PRIOR_WEIGHT:
             raise InvalidPoolError(
                 f"pool `prior_weight` must be at most {MAX_PRIOR_WEIGHT:g}, but is {prior_weight!r}. Use e.g. 2.0 (each "
@@ -519,9 +447,28 @@ def validate_priors(priors: Any, prior_weight: Any, names: list[str], policy: st
             )
 
 
+def _check_pool_real(name: str, value: Any, **bounds: Any) -> None:
+    """`hf_metasd._validation.check_real` for a pool field: its message as an `InvalidPoolError` (an
+    `InvalidPoolTypeError` when `value` is no number)."""
+    try:
+        check_real(name, value, **bounds)
+    except ValueError as err:
+        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        raise _error(not is_number)(f"pool {err}") from err
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _error(wrong_type: bool) -> type[InvalidPoolError]:
+    """`InvalidPoolTypeError` (also a `TypeError`) for a value of the wrong type, else `InvalidPoolError`."""
+    return InvalidPoolTypeError if wrong_type else InvalidPoolError
+
+
 def _check_tokenizer_hash(value: Any) -> None:
     if value is not None and (not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{64}", value)):
-        raise InvalidPoolError(
+        raise _error(not isinstance(value, str))(
             f"pool `tokenizer_hash` must be a sha256 hex digest from `tokenizer_fingerprint`, but is {value!r}. "
             "Re-save the pool with `save_pretrained(..., tokenizer=tokenizer)`, or drop `tokenizer_hash`."
         )

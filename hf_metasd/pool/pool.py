@@ -27,13 +27,15 @@ import torch
 from huggingface_hub import HfApi, ModelCard, snapshot_download
 from huggingface_hub.errors import HFValidationError
 
-from ..drafters import DRAFTER_KINDS, Drafter, as_drafters, tokenizer_fingerprint
-from ..errors import DrafterCompatibilityError, InvalidPoolError
+from ..drafters import DRAFTER_KINDS, Drafter, DrafterSpec, as_drafters, tokenizer_fingerprint
+from ..drafters.load import LoadContext
+from ..drafters.save import SaveContext
+from ..drafters.spec import is_local_reference
+from ..drafters.untrusted import check_links
+from ..errors import InvalidPoolError, InvalidPoolTypeError
 from ..settings import DEFAULTS
 from .card import pool_card
-from .config import CONFIG_NAME, DrafterPoolConfig, DrafterSpec, validate_defaults, validate_priors
-from .untrusted import check_links
-from .weights import LoadContext, SaveContext, is_local_reference
+from .config import CONFIG_NAME, DrafterPoolConfig, validate_defaults, validate_priors
 
 __all__ = ["MODEL_CARD_NAME", "DrafterPool"]
 
@@ -57,7 +59,7 @@ class DrafterPool:
             of a cost-aware reward; repeated names are told apart as ``name#k``, as generate reports them).
         prior_weight: pseudo-observations each prior counts as (``None``: the policy's default).
 
-    Policy, reward and draft length default to `hf_metasd.generation.DEFAULTS`. Pass the pool itself to
+    Policy, reward and draft length default to `hf_metasd.settings.DEFAULTS`. Pass the pool itself to
     generation: ``generate(..., custom_generate=hf_metasd.generate, assistant_models=pool)`` (see `generate_kwargs`).
 
     Example:
@@ -80,12 +82,8 @@ class DrafterPool:
         priors: dict[str, float] | None = None,
         prior_weight: float | None = None,
     ) -> None:
-        if isinstance(drafters, Sequence) and not isinstance(drafters, (str, bytes)) and len(drafters) == 0:
-            raise InvalidPoolError(
-                "pool `drafters` must hold at least one drafter, but is empty. Add a drafter, e.g. "
-                "`DrafterPool([PromptLookupDrafter()])`."
-            )
-        self.drafters: list[Drafter] = as_drafters(drafters)
+        empty = isinstance(drafters, Sequence) and not isinstance(drafters, (str, bytes)) and len(drafters) == 0
+        self.drafters: list[Drafter] = [] if empty else as_drafters(drafters)  # `validate` refuses an empty pool
         self.target = target if isinstance(target, torch.nn.Module) else None
         self.target_id: str | None = (
             target if isinstance(target, str) else (getattr(target, "name_or_path", None) or None)
@@ -123,7 +121,7 @@ class DrafterPool:
             )
         for i, drafter in enumerate(self.drafters):
             if not isinstance(drafter, Drafter):
-                raise InvalidPoolError(
+                raise InvalidPoolTypeError(
                     f"pool `drafters[{i}]` must be a `Drafter`, but is {type(drafter).__name__}. Build the pool with "
                     "`DrafterPool([...])`, which wraps models and peft models."
                 )
@@ -318,7 +316,7 @@ class DrafterPool:
     ) -> DrafterPool:
         """Load a pool from a folder or a Hub repo and build every drafter for `target`.
 
-        A pool is untrusted data (`hf_metasd.pool.untrusted`): loading it runs no code (``trust_remote_code=False``
+        A pool is untrusted data (`hf_metasd.drafters.untrusted`): loading it runs no code (``trust_remote_code=False``
         everywhere; files that ask for code are refused), reads weights from safetensors only, checks every number
         of `config.json` against its documented range, and reads only the pool's own files: a drafter that
         references a local folder outside the pool is refused unless you map it with `local_paths`.
@@ -345,6 +343,7 @@ class DrafterPool:
                 tokenizer that fails or does not match its recorded fingerprint.
             DrafterCompatibilityError: a drafter's vocabulary, or the pool's tokenizer, is not the target's.
         """
+        load = {"target": target, "tokenizer": tokenizer, "local_paths": local_paths}
         return cls._from_pretrained(
             model_id=str(pretrained_model_name_or_path),
             revision=revision,
@@ -352,9 +351,7 @@ class DrafterPool:
             force_download=force_download,
             local_files_only=local_files_only,
             token=token,
-            target=target,
-            tokenizer=tokenizer,
-            local_paths=local_paths,
+            **load,
         )
 
     @classmethod
@@ -367,10 +364,10 @@ class DrafterPool:
         force_download: bool,
         local_files_only: bool,
         token: str | bool | None,
-        target: Any = None,
-        tokenizer: Any = None,
-        local_paths: Mapping[str, str | os.PathLike] | None = None,
+        **load: Any,
     ) -> DrafterPool:
+        """huggingface_hub's private half of `from_pretrained`: the folder (downloaded for a Hub id), its config, then
+        `from_config` with `load` (``target``, ``tokenizer``, ``local_paths``)."""
         hub = {k: v for k, v in {"token": token, "cache_dir": cache_dir}.items() if v is not None}
         if os.path.isdir(model_id):
             root = Path(model_id)
@@ -397,15 +394,7 @@ class DrafterPool:
                 ) from err
         check_links(root)  # before any file is read, config.json included
         config = DrafterPoolConfig.from_json_file(root / CONFIG_NAME)
-        return cls.from_config(
-            config,
-            target=target,
-            root=root,
-            token=token,
-            cache_dir=cache_dir,
-            tokenizer=tokenizer,
-            local_paths=local_paths,
-        )
+        return cls.from_config(config, root=root, token=token, cache_dir=cache_dir, **load)
 
     @classmethod
     def from_config(
@@ -428,7 +417,7 @@ class DrafterPool:
             )
         config.validate()
         mapped = _local_paths(config, local_paths)
-        _check_tokenizer(config, tokenizer)
+        config.check_tokenizer(tokenizer)
         if root is not None:
             check_links(root)
         hub = {k: v for k, v in {"token": token, "cache_dir": cache_dir}.items() if v is not None}
@@ -502,18 +491,3 @@ def _local_paths(config: DrafterPoolConfig, local_paths: Any) -> dict[str, Path]
                 "Write the key exactly as config.json does."
             )
     return {key: Path(value).expanduser() for key, value in local_paths.items()}
-
-
-def _check_tokenizer(config: DrafterPoolConfig, tokenizer: Any) -> None:
-    """A tokenizer given at load must be the one the pool was saved with (when the pool recorded one)."""
-    if tokenizer is None or config.tokenizer_hash is None:
-        return
-    given = tokenizer_fingerprint(tokenizer)
-    if given != config.tokenizer_hash:
-        raise DrafterCompatibilityError(
-            f"pool `tokenizer` must be the tokenizer the pool was saved with (fingerprint {config.tokenizer_hash}), "
-            f"but the given one has fingerprint {given}: same-size vocabularies with other tokens would make every "
-            f"draft wrong. Load the pool for the target it was built for ({config.target or 'config.json `target`'}) "
-            "with that target's tokenizer, or re-save the pool with `save_pretrained(..., tokenizer=tokenizer)` once "
-            "its drafters use this tokenizer."
-        )

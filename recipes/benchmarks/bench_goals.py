@@ -81,7 +81,7 @@ def goals(results: dict, method: str = "metasd") -> dict:
 #: time_split parts -> the diagnosis's share of a pass
 PARTS = {
     "verify": ("verify",),
-    "drafting": ("draft", "catch_up", "prefill", "warm_start"),
+    "drafting": ("draft", "catch_up", "prefill"),
     "metasd": ("policy", "reward", "kernel_choice", "replay"),
 }
 

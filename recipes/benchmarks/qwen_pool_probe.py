@@ -5,7 +5,7 @@ prompt, each in its own reward-memory scope (a setting learns only from its own 
 call per setting on the first prompt (its own scope too), so that no setting pays the process's one-time costs. The
 prompts are the dev split of `../shared/data/train/` (`recipes/pools/generate_task_outputs.py`'s `task_split`: never a
 benchmark prompt); every output is checked against plain greedy `generate`. Prints the wall time of each setting over
-plain's, its target passes, and its skipped prefills (`MetaSDStats.prefill_skips`).
+plain's and its target passes.
 
     python recipes/benchmarks/qwen_pool_probe.py
     python recipes/benchmarks/qwen_pool_probe.py --settings '{"fixed length": {"meta_draft_length": "fixed"}}'
@@ -32,7 +32,6 @@ from recipes.pools.generate_task_outputs import dev_prompts  # noqa: E402
 
 DEFAULT_SETTINGS = {
     "pool defaults": {},
-    "prefill gate": {"meta_prefill_gate": True},
     "fixed[qwen2.5-coder-0.5b]": {"meta_policy": "fixed", "meta_policy_kwargs": {"arm": 0}},
 }
 
@@ -60,7 +59,7 @@ def main() -> None:
         with reward_memory_scope(("warm-up", name)):
             target.generate(prompts[0], **kwargs)
     seconds = {"plain": 0.0, **dict.fromkeys(calls, 0.0)}
-    passes, skips = dict.fromkeys(calls, 0), dict.fromkeys(calls, 0)
+    passes = dict.fromkeys(calls, 0)
     for number, ids in enumerate(prompts, 1):
         start = time.perf_counter()
         reference = target.generate(ids, **plain)
@@ -73,17 +72,13 @@ def main() -> None:
             if not torch.equal(out.sequences, reference):
                 raise SystemExit(f"{name} changed the output: a losslessness bug, please report it")
             passes[name] += out.metasd.rounds
-            skips[name] += out.metasd.prefill_skips
         print(
             f"prompt {number}/{len(prompts)} ({ids.shape[1]} tokens): "
             + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()),
             flush=True,
         )
     for name in calls:
-        print(
-            f"{name:>28}: {seconds['plain'] / seconds[name]:.3f}x plain, {passes[name]} passes, "
-            f"{skips[name]} prefills skipped"
-        )
+        print(f"{name:>28}: {seconds['plain'] / seconds[name]:.3f}x plain, {passes[name]} passes")
 
 
 if __name__ == "__main__":

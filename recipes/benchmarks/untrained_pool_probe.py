@@ -1,6 +1,6 @@
 """How close a pool of useless drafters gets to plain speed, by exploration setting (dev prompts only).
 
-With ``--embedded``, the embedded pool instead, under its own defaults with and without the confidence stop.
+With ``--embedded``, the embedded pool instead, under its own defaults.
 
 A pool of `--drafters` untrained 2-layer drafters of the target's vocabulary (plus the no-draft arm), the first dev
 prompt of each task (`recipes/pools/generate_task_outputs.py`'s split: never a benchmark prompt, never a training prompt),
@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 import hf_metasd
-from hf_metasd import DrafterPool, generation, kernels
+from hf_metasd import DrafterPool, kernels
 from hf_metasd.benchmark.methods import untrained_drafters
 from hf_metasd.benchmark.offline import load_default_target, load_embedded_pool
 
@@ -50,14 +50,12 @@ from recipes.pools.generate_task_outputs import dev_prompts  # noqa: E402
 SETTINGS = {
     "ucb_scaled (the default)": ("ucb_scaled", {}),
     "ucb_scaled, each call from nothing": ("ucb_scaled", {}, {"meta_learned_priors": False}),
-    "ucb_scaled + confidence stop": ("ucb_scaled", {}, {"meta_confidence_stop": True}),
     "ucb beta=1 (the paper's default)": ("ucb", {}),
     "ucb beta=0.1": ("ucb", {"beta": 0.1}),
 }
 #: the same for `--embedded` (policy None: the pool's own defaults and priors)
 EMBEDDED_SETTINGS = {
     "pool defaults": (None, {}),
-    "pool defaults + confidence stop": (None, {}, {"meta_confidence_stop": True}),
 }
 
 
@@ -98,7 +96,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.first_kernel is not None:
         first = kernels.KernelChoice(args.first_kernel, measured=True)
-        generation.choose_verification_kernel = lambda *a, **k: first
+        kernels.choose_verification_kernel = lambda *a, **k: first
     if args.no_pass_check:  # every length's comparison decided for the first choice, never re-checked
         kernels.PassKernels.choose = lambda self, k: self.first_choice if 2 <= k <= self.max_rows else None
     if args.no_one_row:  # one-token passes never try the row repeated twice, as before that candidate

@@ -7,15 +7,16 @@ A pool comes from the Hub, or from a folder someone else wrote: every file in it
   and a file that asks for code is refused, naming the file: ``auto_map`` in a ``config.json``,
   ``tokenizer_config.json`` or ``adapter_config.json`` the load would read (`check_no_remote_code`; loading the class
   transformers has built in instead of the one the file names would be a silent fallback), a ``trust_remote_code`` /
-  ``class_path`` key in an entry's `params` (`hf_metasd.pool.config.CODE_KEYS`). Weights are read from safetensors
+  ``class_path`` key in an entry's `params` (the pool's ``CODE_KEYS``). Weights are read from safetensors
   files only: a pickled ``.bin`` is refused.
-* **reads only its own files.** A stored path is relative without ``..`` (`hf_metasd.pool.config.check_inside`), and
+* **reads only its own files.** A stored path is relative without ``..`` (`hf_metasd.drafters.spec.check_inside`), and
   every symbolic link in the pool folder must resolve inside it (`check_links`; for a Hub download, inside the repo's
   cache folder, whose snapshot files are links to its blobs). A drafter `path` that names a local folder outside the
   pool is refused unless the *caller* maps it (``from_pretrained(..., local_paths={path: folder})``); Hub repo ids
   stay allowed (transformers resolves them through the Hub, with ``trust_remote_code=False``).
 * **parses bounded input**: JSON files are read by `read_json` (at most `MAX_JSON_BYTES`, nested at most
-  `MAX_JSON_DEPTH`), and every number of the pool's `config.json` has a range (`hf_metasd.pool.config`).
+  `MAX_JSON_DEPTH`), and every number of the pool's `config.json` has a range (`hf_metasd.pool.config`, and each
+  kind's `validate_spec`).
 * **tokenizers**: see `check_tokenizer_folder`. The stored copy of the target's tokenizer must have the fingerprint
   the entry recorded.
 * **fails as `InvalidPoolError`.** Whatever a library raises while reading a pool file, including pyo3's
@@ -43,6 +44,7 @@ __all__ = [
     "check_tokenizer_folder",
     "is_rust_panic",
     "is_safe_pattern",
+    "nests_deeper",
     "read_json",
     "reading_untrusted",
 ]
@@ -139,17 +141,28 @@ def read_json(path: str | os.PathLike, what: str, fix: str) -> Any:
         raise InvalidPoolError(
             f"{what} must find valid JSON at {str(path)!r}, but it is not ({type(err).__name__}: {err}). {fix}"
         ) from err
+    if nests_deeper(data, MAX_JSON_DEPTH):
+        raise InvalidPoolError(
+            f"{what} must find JSON nested at most {MAX_JSON_DEPTH} deep at {str(path)!r}, but it nests deeper. {fix}"
+        )
+    return data
+
+
+def nests_deeper(data: Any, limit: int) -> bool:
+    """Whether the lists and objects of parsed JSON `data` nest more than `limit` deep (checked without recursion).
+
+    Example:
+        >>> nests_deeper({"a": [1, [2]]}, 3), nests_deeper({"a": [1, [2]]}, 2)
+        (False, True)
+    """
     stack = [(data, 1)]
     while stack:
         value, depth = stack.pop()
         if isinstance(value, (dict, list)):
-            if depth > MAX_JSON_DEPTH:
-                raise InvalidPoolError(
-                    f"{what} must find JSON nested at most {MAX_JSON_DEPTH} deep at {str(path)!r}, but it nests "
-                    f"deeper. {fix}"
-                )
+            if depth > limit:
+                return True
             stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
-    return data
+    return False
 
 
 def check_no_remote_code(folder: str | os.PathLike, where: str) -> None:
