@@ -135,9 +135,6 @@ class Drafter(ABC):
     Attributes:
         name: label used in telemetry, plots and pool configs.
         last_catch_up_tokens: tokens ingested by the last `catch_up` (0 for model-free drafters).
-        setup_seconds: seconds this drafter spent so far on one-time set-up inside its calls (e.g. a bfloat16
-            model drafter's prefill-dtype measurement), which is not what its prefill or drafting costs; the
-            candidate generator leaves it out of the prefill costs it learns (`hf_metasd.costs.PrefillCosts`).
         source: where a pool loaded this drafter from (set by `from_spec`: ``stored``, ``path``, ``revision`` and
             kind-specific keys), ``None`` for a drafter built in memory. Saving the pool again keeps a loaded drafter
             as it came (a reference stays a reference, stored weights stay stored).
@@ -158,8 +155,6 @@ class Drafter(ABC):
 
     #: Where a pool loaded the drafter from; ``None`` for a drafter built in memory (see the class docstring).
     source: dict[str, Any] | None = None
-    #: One-time set-up seconds spent inside this drafter's calls so far (see the class docstring).
-    setup_seconds: float = 0.0
 
     def __init__(self, name: str | None = None) -> None:
         self.name = name or self.kind

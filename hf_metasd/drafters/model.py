@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-import time
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -228,7 +227,6 @@ class ModelDrafter(Drafter):
         state = self._prefill
         with state["lock"]:
             if state["choice"] is None:
-                started = time.perf_counter()
                 state["body"] = float32_body(self.model)
                 if self.float32_prefill is None:
                     state["choice"] = choose_prefill_dtype(self.model, state["body"])
@@ -236,7 +234,6 @@ class ModelDrafter(Drafter):
                     state["choice"] = PrefillChoice(SHORTEST_CATCH_UP)
                 if state["choice"].min_tokens is None:
                     state["body"] = None
-                self.setup_seconds += time.perf_counter() - started  # one-time: not this prefill's cost
             return state["body"] if state["choice"].takes_float32(num_tokens) else None
 
     def _forward(self, ids: torch.Tensor, num_logits: int) -> torch.Tensor:

@@ -26,8 +26,8 @@ both modes.
 kept), so the arm competes with the other arms on the same scale; its round cost includes the tokenizer work (one
 decode and re-encoding of the whole sequence in `catch_up`, a few short ones around the boundary in `draft`).
 BD: the arm is one-hot, so its term at a drafted position is the target's probability of the proposed token,
-``p_j(x_j)``; EAL under sampling uses the same ``a_j = p_j(x_j)``. The prompt warm start and full-information scoring
-skip it (they need the drafter's logits at the target's positions). `last_catch_up_tokens` counts the drafter's own
+``p_j(x_j)``; EAL under sampling uses the same ``a_j = p_j(x_j)``. Full-information scoring skips it (it needs
+the drafter's logits at the target's positions). `last_catch_up_tokens` counts the drafter's own
 tokens.
 
 **What comes from transformers, and what does not.** The scheme is transformers' Universal Assisted Generation
@@ -46,7 +46,7 @@ code of it is called, because none fits the pool's contract:
   of the same token string (the vocabularies' intersection; other tokens suppressed), which gives drafter logits in
   the target vocabulary. That needs every drafted token to be one target token; a drafter token spelling several
   target tokens, or a re-segmented boundary, has no single target position. The drafter contract also asks
-  `catch_up` for logits at the target's positions (warm start, full information), which a re-tokenising drafter
+  `catch_up` for logits at the target's positions (full information), which a re-tokenising drafter
   cannot give, and the translator's ``assistant_prune_lm_head`` replaces the assistant's LM head and input
   embeddings in place, a side effect a shared pool drafter must not have. Hence no logits.
 
@@ -172,11 +172,6 @@ class TokenizerBridgeDrafter(CandidateDrafter):
     def model(self) -> Any:
         """The drafter model (drafting runs on the `ModelDrafter` this drafter holds)."""
         return self._inner.model
-
-    @property
-    def setup_seconds(self) -> float:  # type: ignore[override]
-        """One-time set-up seconds of the `ModelDrafter` it drafts with (`Drafter.setup_seconds`)."""
-        return self._inner.setup_seconds
 
     @property
     def vocab_size(self) -> None:
