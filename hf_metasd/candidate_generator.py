@@ -313,6 +313,23 @@ class MetaCandidateGenerator(CandidateGenerator):
         round_.verify_started = self.clock()
         self._pending = round_
 
+    # ------------------------------------------------------------------ the target's features (white-box drafters)
+    @property
+    def feature_layer_ids(self) -> list[tuple[int, ...]]:
+        """The distinct `Drafter.layer_ids` of the call's drafters that read the target's features, in pool order;
+        empty when none does (then the verification passes record nothing)."""
+        return list(dict.fromkeys(tuple(d.layer_ids) for d in self.drafters if d.layer_ids is not None))
+
+    def observe_target_features(
+        self, features: dict[tuple[int, ...], torch.Tensor], next_ids: torch.LongTensor, start: int
+    ) -> None:
+        """Hand every drafter that reads features (not only the round's) the target's features of the kept positions
+        ``start .. start + T - 1``: `features` maps each of `feature_layer_ids` to ``(1, T, k H)``, `next_ids`
+        ``(1, T)`` are the tokens that follow those positions (`Drafter.observe`)."""
+        for drafter in self.drafters:
+            if drafter.layer_ids is not None:
+                drafter.observe(features[tuple(drafter.layer_ids)], next_ids, start)
+
     # ------------------------------------------------------------------ update_candidate_strategy
     def update_candidate_strategy(
         self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int, *, num_kept: int | None = None

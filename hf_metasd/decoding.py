@@ -19,12 +19,16 @@ one plain `generate` returns:
   (`_split_steps`; transformers' `_split_model_outputs` takes the first round's later tokens from the prompt's rows).
 
 The candidate generator is the one seam: ``get_candidates`` before the target's forward pass,
-``update_candidate_strategy`` after acceptance.
+``update_candidate_strategy`` after acceptance. When its pool holds drafters that read the target's features
+(`feature_layer_ids`, e.g. `hf_metasd.drafters.FeatureHeadDrafter`), every pass records the inputs of those layers
+(`FeatureRecorder`: forward pre-hooks installed for the pass only) and, after acceptance, the features of the kept
+positions go to them (``observe_target_features``); without such drafters no hook is installed.
 """
 
 from __future__ import annotations
 
 import copy
+from contextlib import ExitStack
 from typing import Any
 
 import torch
@@ -37,6 +41,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput, _speculativ
 
 from ._compat import activate_past_recording
 from .errors import MetaSDConfigError
+from .feature_head import FeatureRecorder
 
 __all__ = ["assisted_decoding", "uncached_prompt_length"]
 
@@ -107,6 +112,30 @@ def _split_steps(
     return steps
 
 
+def _observe_features(
+    candidate_generator: Any,
+    recorders: dict[tuple[int, ...], FeatureRecorder],
+    input_ids: torch.LongTensor,
+    cur_len: int,
+    prompt_fed: int,
+    kept: int,
+    first: bool,
+) -> None:
+    """Hand the candidate generator the features of the positions this pass fed whose tokens were kept.
+
+    The pass fed the last ``prompt_fed`` prompt positions (the first round) or the last kept token (later rounds),
+    then the candidates; those rows and the first ``kept - 1`` candidate rows (accepted tokens) are kept positions.
+    The bonus token is not fed yet: its feature comes with the next pass.
+    """
+    start = cur_len - prompt_fed if first else cur_len - 1
+    rows = cur_len + kept - 1 - start
+    features = {}
+    for layer_ids, recorder in recorders.items():
+        features[layer_ids] = recorder.features()[:, :rows]
+        recorder.clear()
+    candidate_generator.observe_target_features(features, input_ids[:, start + 1 : start + 1 + rows], start)
+
+
 def assisted_decoding(
     model: Any,
     input_ids: torch.LongTensor,
@@ -158,6 +187,12 @@ def assisted_decoding(
     attentions: tuple | None = () if output_attentions else None
     hidden_states: tuple | None = () if output_hidden_states else None
 
+    # the layers whose inputs white-box drafters read: recorded during each verification pass only
+    recorders = {
+        layer_ids: FeatureRecorder(model, layer_ids)
+        for layer_ids in getattr(candidate_generator, "feature_layer_ids", ())
+    }
+
     is_first_iteration = True
     finished = False
     while not finished:
@@ -194,11 +229,14 @@ def assisted_decoding(
                 model_inputs["output_attentions"] = True
             if output_hidden_states:
                 model_inputs["output_hidden_states"] = True
-            if is_first_iteration:
-                outputs = model(**model_inputs)
-            else:
-                with model._optimize_model_for_decode():
+            with ExitStack() as hooks:
+                for recorder in recorders.values():
+                    hooks.enter_context(recorder)
+                if is_first_iteration:
                     outputs = model(**model_inputs)
+                else:
+                    with model._optimize_model_for_decode():
+                        outputs = model(**model_inputs)
             if is_first_iteration and not outputs.cache.is_croppable:
                 raise ValueError("MetaSD needs a target cache that can be cropped after verification.")
 
@@ -237,6 +275,10 @@ def assisted_decoding(
                 streamer.put(input_ids[:, cur_len:].cpu())
             # the cache holds every position fed; keep all but the last kept token (fed next round)
             outputs.cache.crop(-(candidate_length + 1 - kept))
+            if recorders and kept:
+                _observe_features(
+                    candidate_generator, recorders, input_ids, cur_len, prompt_fed, kept, is_first_iteration
+                )
         candidate_generator.update_candidate_strategy(input_ids, new_logits, n_matches, num_kept=kept)
 
         model_kwargs = model._update_model_kwargs_for_generation(

@@ -16,6 +16,7 @@ from .base import Drafter, is_peft_model
 from .corpus import CorpusDrafter
 from .corpus_index import CorpusIndex
 from .early_exit import EarlyExitDrafter, early_exit_model
+from .feature_head import FeatureHeadDrafter
 from .load import LoadContext
 from .lora import LoraDrafter
 from .model import ModelDrafter
@@ -33,6 +34,7 @@ __all__ = [
     "Drafter",
     "DrafterSpec",
     "EarlyExitDrafter",
+    "FeatureHeadDrafter",
     "LoadContext",
     "LoraDrafter",
     "ModelDrafter",

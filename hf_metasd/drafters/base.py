@@ -153,6 +153,10 @@ class Drafter(ABC):
     #: the match's class (`hf_metasd.draft_length.match_class`).
     scores_matches: ClassVar[bool] = False
 
+    #: The target layers whose features the drafter reads (white-box drafters: `observe`); ``None`` for one that
+    #: reads none. A call records these layers' inputs during its verification passes only when a drafter has some.
+    layer_ids: tuple[int, ...] | None = None
+
     #: Where a pool loaded the drafter from; ``None`` for a drafter built in memory (see the class docstring).
     source: dict[str, Any] | None = None
 
@@ -209,6 +213,11 @@ class Drafter(ABC):
         """
         self.last_catch_up_tokens = 0
         return None
+
+    def observe(self, features: torch.Tensor, next_ids: torch.LongTensor, start: int) -> None:
+        """Take the target's features ``(1, T, k H)`` at `layer_ids` for the kept positions ``start .. start + T - 1``
+        of the sequence, and the ids ``(1, T)`` of the tokens that follow them (called after every round on the
+        drafters whose `layer_ids` is not ``None``); the default does nothing."""
 
     @abstractmethod
     def draft(
