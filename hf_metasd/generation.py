@@ -391,8 +391,9 @@ def _check_stop_strings(stop_strings: Any) -> None:
         "`stop_strings` must be passed through `hf_metasd.enable()` (transformers does not hand a callable "
         f"`custom_generate` the `tokenizer`), but are {stop_strings!r} with `custom_generate=hf_metasd.generate`. "
         "Call `hf_metasd.enable()` first (then `stop_strings=` with `tokenizer=` works, with or without "
-        "`custom_generate`), or pass `stopping_criteria=StoppingCriteriaList([StopStringCriteria(tokenizer, "
-        "stop_strings)])`."
+        "`custom_generate`), pass `stopping_criteria=StoppingCriteriaList([StopStringCriteria(tokenizer, "
+        "stop_strings)])`, or use a `custom_generate` repository folder (`hf-metasd custom-generate-repo FOLDER`, "
+        "then `custom_generate=FOLDER, trust_remote_code=True`: a folder's `generate` gets the tokenizer)."
     )
 
 

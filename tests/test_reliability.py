@@ -50,7 +50,8 @@ def test_stop_strings_through_custom_generate_are_refused_before_compute(target,
         MetaSDConfigError,
         match=r"`stop_strings` must be passed through `hf_metasd.enable\(\)` \(transformers does not hand a callable "
         r"`custom_generate` the `tokenizer`\), but are \['a'\] with `custom_generate=hf_metasd.generate`\. Call "
-        r"`hf_metasd.enable\(\)` first .* or pass `stopping_criteria=StoppingCriteriaList\(\[StopStringCriteria",
+        r"`hf_metasd.enable\(\)` first .* pass `stopping_criteria=StoppingCriteriaList\(\[StopStringCriteria.*, or use "
+        r"a `custom_generate` repository folder \(`hf-metasd custom-generate-repo FOLDER`",
     ):
         metasd_greedy(target, PROMPTS[0], 20, assistant_models=[target_copy], stop_strings=["a"], tokenizer=tokenizer)
     assert not forward_calls, "the error must be raised before any forward pass"
