@@ -45,3 +45,65 @@ def test_the_candidate_generator_imports_only_what_lies_below_it():
     _, imported = _imports(PACKAGE / "candidate_generator.py")
     assert "hf_metasd.generation" not in imported
     assert {"hf_metasd.feedback", "hf_metasd.kernels", "hf_metasd.round_rewards", "hf_metasd.settings"} <= imported
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (a name imported from a package counts as that package's module
+    when one of that name exists)."""
+    modules = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name, imported = _imports(path)
+        modules[name] = imported
+    return {name: {m for m in imported if m in modules and m != name} for name, imported in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                item = stack.pop()
+                on.discard(item)
+                component.append(item)
+                if item == node:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return out
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_package_has_no_import_circles():
+    """Every import counts, delayed and `TYPE_CHECKING` ones too, except a package's `__init__` re-exporting its own
+    modules (the package is the same concept as its modules)."""
+    graph = _graph()
+    for name in graph:  # an __init__ importing its submodules is the package, not a layer
+        graph[name] = {m for m in graph[name] if not m.startswith(name + ".")}
+    assert _cycles(graph) == []
+
+
+def test_no_module_is_over_500_lines():
+    long = {
+        str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 500
+    }
+    assert long == {}
