@@ -5,6 +5,7 @@ only their `--help` is run, never their work. Every recipe path the docs name ex
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import subprocess
 import sys
@@ -193,3 +194,142 @@ def test_acceptance_matrix_merged_corpus_holds_every_tasks_documents_cut_like_ea
     # each task's corpus cut to its first 3 tokens, then merged
     assert merged_corpus(stores, ["code", "qa"], max_tokens=3).index.documents() == [[1, 2, 3], [7, 8, 9]]
     assert [d.name for d in corpus_drafters(stores, ["code", "qa"])] == ["corpus_code", "corpus_qa"]
+
+
+# ======================================================================================================================
+# pools/train_feature_head.py
+# ======================================================================================================================
+def _feature_head_stores(folder, target, tasks=("code", "qa"), per_task=10, answer_tokens=24):
+    """Task-output stores as generate_task_outputs.py writes them: the tiny target's own greedy answers."""
+    import torch
+    from conftest import greedy, prompts
+
+    for i, task in enumerate(tasks):
+        store = {"prompts": [], "outputs": [], "seconds": 1.0, "dtype": "float32"}
+        for prompt in prompts(per_task, seed=100 + i):
+            with torch.no_grad():
+                out = greedy(target, prompt, answer_tokens)
+            store["prompts"].append(prompt[0].tolist())
+            store["outputs"].append(out[0, prompt.shape[1] :].tolist())
+        torch.save(store, folder / f"{task}.pt")
+
+
+def test_train_feature_head_unrolled_steps_are_the_heads_cached_drafting_passes():
+    import torch
+    from conftest import tiny_llama
+
+    from hf_metasd.feature_head import FeatureHead, FeatureHeadConfig
+
+    unrolled_logits = recipe("pools.train_feature_head").unrolled_logits
+    target = tiny_llama(0, layers=4)
+    torch.manual_seed(0)
+    config = FeatureHeadConfig.for_target(target, layer_ids=(1, 4), intermediate_size=48, norm_before_residual=True)
+    head = FeatureHead(config, target.get_input_embeddings()).eval()
+    with torch.no_grad():  # random norms, so that a norm applied to the wrong tensor shows
+        for name, param in head.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)
+    features, ids = torch.randn(2, 9, 2 * 32), torch.randint(96, (2, 9))
+    with torch.no_grad():
+        steps = unrolled_logits(head, features, ids, 3)
+        assert [tuple(s.shape) for s in steps] == [(2, 8, 96), (2, 7, 96), (2, 6, 96)]
+        for c in (0, 3, 5):  # commit entries 0 .. c from features, then feed the head's own outputs, as `draft` does
+            cache = head.new_cache()
+            logits, out = head(head.fuse(features[:, : c + 1]), ids[:, 1 : c + 2], cache)
+            torch.testing.assert_close(steps[0][:, c], logits[:, -1], atol=1e-5, rtol=1e-5)
+            for step in (1, 2):
+                logits, out = head(out[:, -1:], ids[:, c + 1 + step : c + 2 + step], cache)
+                torch.testing.assert_close(steps[step][:, c], logits[:, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_train_feature_head_learns_the_targets_own_answers_and_saves_a_loadable_head(tmp_path):
+    import torch
+    from conftest import sharpen, tiny_llama
+
+    from hf_metasd.feature_head import FeatureRecorder, load_feature_head
+
+    train = recipe("pools.train_feature_head")
+    target = sharpen(tiny_llama(0, layers=4))
+    stores = tmp_path / "stores"
+    stores.mkdir()
+    _feature_head_stores(stores, target)
+    argv = ["--stores", str(stores), "--out", str(tmp_path / "head"), "--work-dir", str(tmp_path / "work")]
+    argv += ["--layer-ids", "1", "2", "4", "--draft-vocab-size", "64", "--intermediate-size", "64"]
+    argv += ["--val-sequences", "2", "--epochs", "10", "--batch-size", "4", "--lr", "1e-2", "--threads", "1"]
+    argv += ["--chunk-sequences", "5"]
+    record = train.main(argv, target=target)
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == [
+        "features.json", "train-00000.safetensors", "train-00001.safetensors", "train-00002.safetensors",
+        "train-00003.safetensors", "val-00000.safetensors",
+    ]  # fmt: skip
+    assert record["features"]["train"]["answers_match_labels"] == 1.0  # the labels are the stored answers
+    last, untrained = record["epochs"][-1], record["untrained"]
+    assert last["agreement_step0"] > untrained["agreement_step0"] + 0.2
+    assert last["agreement_step1"] > untrained["agreement_step1"] + 0.2
+    assert last["val_loss"] < untrained["val_loss"]
+    saved = json.loads((tmp_path / "head" / "training_record.json").read_text())
+    assert saved["epochs"] == record["epochs"] and saved["args"]["epochs"] == 10
+    head = load_feature_head(tmp_path / "head", target)
+    assert head.config.layer_ids == (1, 2, 4) and head.config.draft_vocab_size == 64
+    prompt = torch.tensor([train.read_stores(stores, ["code"], None, 2)["val"][0][1]])
+    with torch.no_grad(), FeatureRecorder(target, head.config.layer_ids) as recorder:
+        nxt = target(prompt).logits[:, -1:].argmax(-1)
+    tokens, _ = head.draft(recorder.features(), torch.cat([prompt[:, 1:], nxt], 1), 3, cache=head.new_cache())
+    assert tokens.shape == (1, 3) and bool(head.in_draft_vocab(tokens).all())
+    # a second run with the same settings reuses the cached features
+    assert train.main([*argv, "--epochs", "1"], target=target)["features"] == record["features"]
+
+
+def test_train_feature_head_refuses_missing_stores_and_no_training_sequences(tmp_path):
+    import torch
+
+    train = recipe("pools.train_feature_head")
+    with pytest.raises(SystemExit, match=r"`--stores` must hold <task>.pt files .* but '.*' holds none"):
+        train.read_stores(tmp_path, ["code"], None, 2)
+    torch.save({"prompts": [[1], [2]], "outputs": [[3], [4]]}, tmp_path / "code.pt")
+    with pytest.raises(SystemExit, match=r"`--val-sequences` must leave sequences to train on, but is 2 with stores"):
+        train.read_stores(tmp_path, ["code"], None, 2)
+    assert len(train.read_stores(tmp_path, ["code"], None, 1)["train"]) == 1
+
+
+def test_gpu_check_quick_on_cpu_has_a_passing_row_per_kind_and_the_mixed_pool(tmp_path, capsys):
+    import json
+
+    from hf_metasd.drafters import DRAFTER_KINDS
+
+    gpu_check = recipe("benchmarks.gpu_check")
+    out = tmp_path / "gpu_check.json"
+    assert gpu_check.main(["--device", "cpu", "--quick", "--dtypes", "float32", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["kind"] for r in rows] == [*sorted(DRAFTER_KINDS), "mixed/round_robin", "mixed/default"]
+    assert {r["lossless"] for r in rows} == {"PASS"} and {r["dtype"] for r in rows} == {"float32"}
+    assert all(r["rounds"] > 0 and r["per_round_steps"]["wall"] > 0 for r in rows)
+    # policy `fixed`: every kind's arm was asked every round; the model-backed kinds drafted every round
+    assert all(r["drafted_per_round"] > 0 for r in rows if r["kind"] not in ("corpus", "prompt_lookup"))
+    assert len(next(r for r in rows if r["kind"] == "feature_head")["head_draft_steps"]) == 3  # n = 1, 2, 3
+    assert "| mixed/default | float32 | PASS |" in capsys.readouterr().out
+
+
+def test_gpu_check_verdicts_tell_a_shared_mismatch_from_a_failure():
+    """A mismatch on a prompt where transformers' assisted decoding differs from plain greedy too is SHARED; one where
+    transformers matches plain is FAIL (which makes `main` exit with 1)."""
+    import torch
+
+    gpu_check = recipe("benchmarks.gpu_check")
+
+    class Target:
+        def __init__(self, outputs):
+            self.outputs = iter(outputs)
+
+        def generate(self, prompt, **kwargs):
+            from types import SimpleNamespace
+
+            return SimpleNamespace(
+                sequences=next(self.outputs), metasd=gpu_check.hf_metasd.MetaSDStats(["d"], "", "", 1)
+            )
+
+    a, b = torch.tensor([[1, 2]]), torch.tensor([[1, 3]])
+    check = gpu_check.check_pool
+    assert check(Target([a, a]), [], [a, a], [a, a], [True, True], 2)[:2] == ("PASS", [])
+    assert check(Target([a, b]), [], [a, a], [a, a], [True, False], 2)[:2] == ("SHARED", [1])
+    assert check(Target([b, a]), [], [a, a], [a, a], [True, False], 2)[:2] == ("FAIL", [0])

@@ -1,0 +1,422 @@
+"""Train an EAGLE-3-style feature head (`hf_metasd.feature_head`) for a target from the target's own answers.
+
+Input: the task-output stores of `recipes/pools/generate_task_outputs.py` (``<stores>/<task>.pt``, each holding
+``{"prompts": [[ids]], "outputs": [[ids]], ...}``: the target's greedy answers to training prompts; the dev prompts
+were never answered there, and benchmark prompts are never read). Per task, the first ``--val-sequences`` stored
+sequences are **held-out training sequences** (the only data choices are made on); the rest are trained on.
+
+1. **Features, once.** Each prompt + answer sequence goes through one target forward pass inside a `FeatureRecorder`
+   (pre-hooks on ``--layer-ids``; no ``output_hidden_states``); the features ``f`` and the target's greedy next
+   token at every position (the labels) are written to chunked safetensors under ``--work-dir``
+   (``train-NNNNN.safetensors``, ``val-NNNNN.safetensors``, then ``features.json``), reused while the settings match,
+   so epochs never rerun the target.
+2. **Draft vocabulary.** The ``--draft-vocab-size`` target tokens most often predicted on the training answers
+   (ties by id), as ``d2t`` / ``t2d`` (`hf_metasd.feature_head.vocab_map`).
+3. **Training-time test** (EAGLE-3), over whole sequences at once. Entry ``c`` of a sequence ``x_0 .. x_{N-1}``
+   pairs the feature ``f_c`` with the token ``x_{c+1}``. Step 0 reads ``fc(f_c)``; step ``s >= 1`` reads the head's
+   own step ``s - 1`` output ``o_c`` with the token ``x_{c+1+s}`` at rotary position ``c + 1 + s``, and attends to
+   the step-0 entries ``0 .. c`` and to its own row's entries of steps ``1 .. s``: exactly the cache `FeatureHead.draft`
+   holds when it drafts ``s`` tokens after committing entries ``0 .. c`` (`unrolled_logits`; a test checks it against
+   the head's cached passes). Step ``s`` of entry ``c`` is scored against the target's greedy token at position
+   ``c + 1 + s`` on answer positions only: cross-entropy over the draft vocabulary (labels outside it are skipped),
+   weighted by ``0.8 ** s``. AdamW, gradient clipping.
+4. **Reports** per epoch: train loss, the held-out top-1 agreement of step 0 and step 1 with the target's greedy token
+   (the acceptance proxy: step 1 is teacher-forced with the target's own tokens, so it is the agreement *given* an
+   accepted step 0; labels outside the draft vocabulary count as misses), tokens/s and wall time; the untrained head
+   first. The head is saved with `save_head` to ``--out`` (hf_metasd's layout), the run's record to
+   ``<out>/training_record.json``.
+
+Run from the repository root::
+
+    python recipes/pools/train_feature_head.py --stores artifacts/task-outputs --out artifacts/feature-head
+    python recipes/pools/train_feature_head.py --max-sequences 8 --val-sequences 2 --epochs 1 --threads 1  # smoke
+
+The smoke run (SmolLM2-135M, 7 tasks x 8 sequences, ``--draft-vocab-size 4096``, 1 thread beside a running
+generate_task_outputs.py on 2 cores) took 84 s: the target pass ~420 tokens/s, training ~370 tokens/s.
+
+Not done here: a per-task LoRA adapter on the head's decoder layer (issue 34, item 3, optional part).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))  # run as a script: recipes import each other as `recipes.<group>.<name>`
+
+from hf_metasd.feature_head import FeatureHead, FeatureHeadConfig, FeatureRecorder, save_head  # noqa: E402
+from recipes.pools.train_drafters import TASKS  # noqa: E402
+
+FEATURES_META = "features.json"
+RECORD_NAME = "training_record.json"
+STEP_WEIGHT = 0.8
+
+
+# ======================================================================================================================
+# data: the stores, and the features cached from one target pass per sequence
+# ======================================================================================================================
+def read_stores(stores: Path, tasks, max_sequences: int | None, val_sequences: int) -> dict[str, list]:
+    """``{"train": [...], "val": [...]}`` of ``(task, prompt ids, answer ids)``: per task, the first `val_sequences`
+    of its first `max_sequences` stored sequences are held out."""
+    paths = [stores / f"{task}.pt" for task in tasks if (stores / f"{task}.pt").is_file()]
+    if not paths:
+        raise SystemExit(
+            f"`--stores` must hold <task>.pt files written by generate_task_outputs.py for {list(tasks)}, but "
+            f"{str(stores)!r} holds none. Pass the `--out` of generate_task_outputs.py."
+        )
+    split: dict[str, list] = {"train": [], "val": []}
+    for path in paths:
+        store = torch.load(path)
+        pairs = list(zip(store["prompts"], store["outputs"]))[:max_sequences]
+        for i, (prompt, answer) in enumerate(pairs):
+            split["val" if i < val_sequences else "train"].append((path.stem, list(prompt), list(answer)))
+    if not split["train"]:
+        raise SystemExit(
+            f"`--val-sequences` must leave sequences to train on, but is {val_sequences} with stores of at most "
+            f"{max(len(torch.load(p)['outputs']) for p in paths)} sequences (`--max-sequences` {max_sequences}). "
+            "Lower it, or generate more answers."
+        )
+    return split
+
+
+@torch.no_grad()
+def write_features(target, sequences: list, layer_ids, folder: Path, split: str, chunk: int, dtype, desc: str):
+    """One target pass per sequence; chunks of `chunk` sequences as ``<split>-NNNNN.safetensors`` holding the
+    concatenated ``features`` (sum N, k H), ``input_ids`` and ``labels`` (the target's greedy next token, sum N),
+    ``lengths`` and ``prompt_lengths``. Returns ``(tokens, seconds, agreement of the stored answers with the labels)``.
+    """
+    tokens, seconds, same, answered = 0, 0.0, 0, 0
+    rows: dict[str, list] = {"features": [], "input_ids": [], "labels": [], "lengths": [], "prompt_lengths": []}
+    for i, (_, prompt, answer) in enumerate(tqdm(sequences, desc=desc, leave=False)):
+        ids = torch.tensor([prompt + answer])
+        start = time.perf_counter()
+        with FeatureRecorder(target, layer_ids) as recorder:
+            logits = target(ids).logits
+        seconds += time.perf_counter() - start
+        labels = logits[0].argmax(-1)
+        tokens += ids.shape[1]
+        same += int((labels[len(prompt) - 1 : -1] == ids[0, len(prompt) :]).sum())
+        answered += len(answer)
+        rows["features"].append(recorder.features()[0].to(dtype))
+        rows["input_ids"].append(ids[0])
+        rows["labels"].append(labels)
+        rows["lengths"].append(ids.shape[1])
+        rows["prompt_lengths"].append(len(prompt))
+        if len(rows["lengths"]) == chunk or i == len(sequences) - 1:
+            tensors = {
+                k: torch.cat(v) if k in ("features", "input_ids", "labels") else torch.tensor(v)
+                for k, v in rows.items()
+            }
+            save_file(
+                {k: v.contiguous() for k, v in tensors.items()}, str(folder / f"{split}-{i // chunk:05d}.safetensors")
+            )
+            rows = {k: [] for k in rows}
+    return tokens, seconds, same / max(answered, 1)
+
+
+def cache_features(target, args, split: dict[str, list], layer_ids) -> dict:
+    """The features of both splits under ``--work-dir``, computed unless `features.json` says they already are for
+    these settings. Returns that metadata."""
+    folder = args.work_dir
+    settings = {
+        "target": getattr(target.config, "_name_or_path", ""),
+        "stores": str(args.stores.resolve()),
+        "tasks": sorted({task for rows in split.values() for task, _, _ in rows}),
+        "layer_ids": list(layer_ids),
+        "feature_dtype": args.feature_dtype,
+        "max_sequences": args.max_sequences,
+        "val_sequences": args.val_sequences,
+        "sequences": {name: len(rows) for name, rows in split.items()},
+        "chunk_sequences": args.chunk_sequences,
+    }
+    meta_path = folder / FEATURES_META
+    if meta_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        if meta["settings"] == settings:
+            print(f"features: reusing {folder}", flush=True)
+            return meta
+        print(f"features: settings changed, recomputing {folder}", flush=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    meta_path.unlink(missing_ok=True)
+    for old in folder.glob("*-*.safetensors"):
+        old.unlink()
+    meta = {"settings": settings}
+    for name, rows in split.items():
+        tokens, seconds, agreement = write_features(
+            target, rows, layer_ids, folder, name, args.chunk_sequences, getattr(torch, args.feature_dtype), name
+        )
+        meta[name] = {"tokens": tokens, "seconds": seconds, "answers_match_labels": agreement}
+        print(
+            f"features {name}: {len(rows)} sequences, {tokens} tokens, {tokens / max(seconds, 1e-9):.0f} tokens/s "
+            f"(target pass), stored answers = recomputed greedy on {agreement:.1%} of answer tokens",
+            flush=True,
+        )
+    meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True))
+    return meta
+
+
+def chunks(folder: Path, split: str) -> list[Path]:
+    return sorted(folder.glob(f"{split}-*.safetensors"))
+
+
+def read_chunk(path: Path) -> list[dict]:
+    """The sequences of one chunk file, each ``{"features", "input_ids", "labels", "prompt_length"}``."""
+    data = load_file(str(path))
+    ends = data["lengths"].cumsum(0).tolist()
+    return [
+        {
+            "features": data["features"][end - n : end],
+            "input_ids": data["input_ids"][end - n : end],
+            "labels": data["labels"][end - n : end],
+            "prompt_length": int(p),
+        }
+        for end, n, p in zip(ends, data["lengths"].tolist(), data["prompt_lengths"].tolist())
+    ]
+
+
+def batches(folder: Path, split: str, batch_size: int, rng: random.Random | None):
+    """Right-padded batches, chunk by chunk (shuffled chunks and sequences with `rng`): ``features`` (B, N, k H),
+    ``input_ids``, ``labels`` (B, N), ``lengths`` and ``prompt_lengths`` (B,)."""
+    files = chunks(folder, split)
+    if rng is not None:
+        rng.shuffle(files)
+    for path in files:
+        sequences = read_chunk(path)
+        if rng is not None:
+            rng.shuffle(sequences)
+        for start in range(0, len(sequences), batch_size):
+            group = sequences[start : start + batch_size]
+            width = max(len(s["input_ids"]) for s in group)
+            batch = {
+                "features": torch.zeros(len(group), width, group[0]["features"].shape[1]),
+                "input_ids": torch.zeros(len(group), width, dtype=torch.long),
+                "labels": torch.zeros(len(group), width, dtype=torch.long),
+                "lengths": torch.tensor([len(s["input_ids"]) for s in group]),
+                "prompt_lengths": torch.tensor([s["prompt_length"] for s in group]),
+            }
+            for row, s in enumerate(group):
+                n = len(s["input_ids"])
+                batch["features"][row, :n] = s["features"].float()
+                batch["input_ids"][row, :n] = s["input_ids"]
+                batch["labels"][row, :n] = s["labels"]
+            yield batch
+
+
+def draft_vocabulary(folder: Path, vocab_size: int, draft_vocab_size: int) -> list[int]:
+    """The `draft_vocab_size` target ids most often the greedy label of an answer position in the training chunks
+    (ties by id), in increasing id order."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for path in chunks(folder, "train"):
+        for s in read_chunk(path):
+            counts += torch.bincount(s["labels"][s["prompt_length"] - 1 :], minlength=vocab_size)
+    order = sorted(range(vocab_size), key=lambda t: (-int(counts[t]), t))
+    return sorted(order[:draft_vocab_size])
+
+
+# ======================================================================================================================
+# the training-time test
+# ======================================================================================================================
+def unrolled_logits(head: FeatureHead, features: torch.Tensor, input_ids: torch.Tensor, steps: int) -> list:
+    """Draft-vocabulary logits of every entry at each of `steps` training-time-test steps (module docstring, 3.).
+
+    `features` ``(B, N, k H)`` and `input_ids` ``(B, N)``; entry ``c`` in ``0 .. N - 2``. Returns one tensor per step
+    ``s``, ``(B, N - 1 - s, Vd)``: row ``c`` is what `FeatureHead.draft` scores for draft ``s + 1`` after committing
+    entries ``0 .. c``, had it drafted ``x_{c+2} .. x_{c+1+s}`` before.
+    """
+    layer, attn = head.layers[0], head.layers[0].self_attn
+    batch, entries = input_ids.shape[0], input_ids.shape[1] - 1
+    hidden = head.fuse(features[:, :entries])
+    keys, values, out = [], [], []
+    for step in range(steps):
+        rows = entries - step
+        if rows < 1:
+            break
+        ids, hid = input_ids[:, 1 + step : 1 + step + rows], hidden[:, :rows]
+        embeds = head.embedding(ids).to(hid.dtype)
+        positions = torch.arange(rows, device=ids.device) + 1 + step
+        cos, sin = head.rotary_emb(embeds, positions.expand(batch, -1))
+        normed = layer.hidden_norm(hid)
+        residual = normed if layer.norm_before_residual else hid
+        x = torch.cat([layer.input_layernorm(embeds), normed], dim=-1)
+        q = attn.q_proj(x).view(batch, rows, attn.heads, attn.dim).transpose(1, 2)
+        k = attn.k_proj(x).view(batch, rows, attn.kv_heads, attn.dim).transpose(1, 2)
+        v = attn.v_proj(x).view(batch, rows, attn.kv_heads, attn.dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        keys.append(k)
+        values.append(v)
+        query = torch.arange(rows, device=ids.device)[:, None]
+        masks = [torch.arange(entries, device=ids.device)[None, :] <= query]  # step 0: entries 0 .. c
+        masks += [torch.arange(entries - t, device=ids.device)[None, :] == query for t in range(1, step + 1)]
+        groups = attn.heads // attn.kv_heads
+        k_all = torch.cat(keys, dim=2).repeat_interleave(groups, dim=1)
+        v_all = torch.cat(values, dim=2).repeat_interleave(groups, dim=1)
+        att = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=torch.cat(masks, dim=1))
+        u = residual + attn.o_proj(att.transpose(1, 2).reshape(batch, rows, attn.heads * attn.dim))
+        hidden = u + layer.mlp(layer.post_attention_layernorm(u))
+        out.append(head.lm_head(head.norm(hidden)))
+    return out
+
+
+def step_targets(batch: dict, step: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The labels of step `step`'s `rows` entries (the target's greedy token at position ``c + 1 + step``) and the
+    mask of those scored: answer positions (``>= prompt length - 1``) inside the sequence."""
+    position = torch.arange(rows)[None, :] + 1 + step
+    mask = (position >= batch["prompt_lengths"][:, None] - 1) & (position < batch["lengths"][:, None])
+    return batch["labels"][:, 1 + step : 1 + step + rows], mask
+
+
+def batch_loss(head: FeatureHead, batch: dict, steps: int) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """``sum_s 0.8^s * CE_s`` over scored entries whose label is in the draft vocabulary, and per step
+    ``(top-1 hits, scored entries)`` against the target's greedy token (every scored entry)."""
+    t2d = head.t2d.cpu()
+    draft_id = torch.zeros(head.config.vocab_size, dtype=torch.long)  # target id -> draft id (where t2d)
+    draft_id[head.draft_to_target(torch.arange(head.config.draft_vocab_size)).cpu()] = torch.arange(
+        head.config.draft_vocab_size
+    )
+    loss, hits = torch.zeros(()), []
+    for step, logits in enumerate(unrolled_logits(head, batch["features"], batch["input_ids"], steps)):
+        labels, mask = step_targets(batch, step, logits.shape[1])
+        predicted = head.draft_to_target(logits.argmax(-1))
+        hits.append((int((predicted == labels)[mask].sum()), int(mask.sum())))
+        trained = mask & t2d[labels]
+        if trained.any():
+            loss = loss + STEP_WEIGHT**step * F.cross_entropy(logits[trained], draft_id[labels[trained]])
+    return loss, hits
+
+
+@torch.no_grad()
+def evaluate(head: FeatureHead, folder: Path, args) -> dict:
+    """Held-out loss and top-1 agreement of steps 0 and 1 (needs ``--ttt-steps >= 2`` for step 1)."""
+    head.eval()
+    totals = [[0, 0] for _ in range(args.ttt_steps)]
+    loss, count = 0.0, 0
+    for batch in batches(folder, "val", args.batch_size, None):
+        value, hits = batch_loss(head, batch, args.ttt_steps)
+        loss, count = loss + float(value), count + 1
+        for total, (hit, n) in zip(totals, hits):
+            total[0], total[1] = total[0] + hit, total[1] + n
+    agreement = [hit / max(n, 1) for hit, n in totals]
+    return {
+        "val_loss": loss / max(count, 1),
+        **{f"agreement_step{s}": agreement[s] for s in range(min(2, len(agreement)))},
+    }
+
+
+# ======================================================================================================================
+# the run
+# ======================================================================================================================
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--stores", type=Path, default=REPO_ROOT / "artifacts" / "task-outputs")
+    p.add_argument(
+        "--models", default="smollm2", choices=["smollm2", "qwen"], help="the target (as `hf-metasd bench`)"
+    )
+    p.add_argument("--tasks", nargs="+", default=list(TASKS))
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "artifacts" / "feature-head")
+    p.add_argument("--work-dir", type=Path, default=REPO_ROOT / "artifacts" / "feature-head-features")
+    p.add_argument("--max-sequences", type=int, default=None, help="stored sequences read per task (default all)")
+    p.add_argument("--val-sequences", type=int, default=4, help="held-out training sequences per task (the first)")
+    p.add_argument("--layer-ids", type=int, nargs="+", default=None, help="default EAGLE-3's (2, L // 2, L - 3)")
+    p.add_argument("--draft-vocab-size", type=int, default=8192)
+    p.add_argument("--intermediate-size", type=int, default=None, help="the head's MLP width (default the target's)")
+    p.add_argument("--ttt-steps", type=int, default=3, help="training-time-test steps (>= 2 for step-1 agreement)")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--clip", type=float, default=0.5, help="gradient norm clip")
+    p.add_argument("--feature-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--chunk-sequences", type=int, default=64, help="sequences per feature file")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the target's dtype")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2, help="1 while another job uses the cores (2 then is ~15x slower)")
+    args = p.parse_args(argv)
+    for name in ("epochs", "batch_size", "ttt_steps", "draft_vocab_size", "chunk_sequences", "threads"):
+        if getattr(args, name) < 1:
+            p.error(f"`--{name.replace('_', '-')}` must be >= 1, but is {getattr(args, name)}.")
+    return args
+
+
+def commit() -> str | None:
+    """The checkout's short commit (read-only), or None outside a git checkout."""
+    result = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=False
+    )
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def main(argv=None, target=None) -> dict:
+    """Train and save a head; returns the run's record. `target` (a loaded model) replaces ``--models`` (tests)."""
+    args = parse_args(argv)
+    torch.manual_seed(args.seed)
+    if target is None:
+        from hf_metasd.benchmark.run import load_models
+
+        target, _ = load_models(args.models, args.dtype, args.threads)
+    torch.set_num_threads(args.threads)
+    target.requires_grad_(False)
+    split = read_stores(args.stores, args.tasks, args.max_sequences, args.val_sequences)
+    extra = {} if args.intermediate_size is None else {"intermediate_size": args.intermediate_size}
+    layer_ids = None if args.layer_ids is None else tuple(args.layer_ids)
+    config = FeatureHeadConfig.for_target(target, layer_ids=layer_ids, draft_vocab_size=args.draft_vocab_size, **extra)
+    meta = cache_features(target, args, split, config.layer_ids)
+    head = FeatureHead(config, target.get_input_embeddings(), dtype=torch.float32)
+    head.set_vocab_map(draft_vocabulary(args.work_dir, config.vocab_size, config.draft_vocab_size))
+    optimizer = torch.optim.AdamW(
+        [p for p in head.parameters() if p.requires_grad], lr=args.lr, weight_decay=args.weight_decay
+    )
+    untrained = evaluate(head, args.work_dir, args)
+    print(f"untrained: {untrained}", flush=True)
+    rng, epochs = random.Random(args.seed), []
+    n_batches = sum(-(-len(read_chunk(p)) // args.batch_size) for p in chunks(args.work_dir, "train"))
+    for epoch in range(1, args.epochs + 1):
+        head.train()
+        start, total, entries = time.perf_counter(), 0.0, 0
+        bar = tqdm(batches(args.work_dir, "train", args.batch_size, rng), total=n_batches, desc=f"epoch {epoch}")
+        for count, batch in enumerate(bar, 1):
+            loss, _ = batch_loss(head, batch, args.ttt_steps)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), args.clip)
+            optimizer.step()
+            total += float(loss.detach())
+            entries += int((batch["lengths"] - 1).sum())
+            bar.set_postfix(loss=f"{total / count:.3f}")
+        seconds = time.perf_counter() - start
+        row = {
+            "epoch": epoch,
+            "train_loss": total / n_batches,
+            "tokens_per_s": entries / seconds,
+            "seconds": seconds,
+            **evaluate(head, args.work_dir, args),
+        }
+        epochs.append(row)
+        print(json.dumps(row), flush=True)
+    save_head(head.eval(), args.out)
+    record = {
+        "commit": commit(),
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "config": config.to_dict(),
+        "features": {k: v for k, v in meta.items() if k != "settings"},
+        "untrained": untrained,
+        "epochs": epochs,
+    }
+    (args.out / RECORD_NAME).write_text(json.dumps(record, indent=2, sort_keys=True))
+    print(f"saved the head and {RECORD_NAME} to {args.out}", flush=True)
+    return record
+
+
+if __name__ == "__main__":
+    main()
