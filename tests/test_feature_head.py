@@ -234,6 +234,40 @@ def test_sampling_is_seeded_and_a_logits_processor_steers_every_step(target, hea
     assert torch.isfinite(logits[0, :, DRAFT_IDS[-1]]).all() and torch.isneginf(logits[0, :, DRAFT_IDS[0]]).all()
 
 
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_a_step_without_a_distribution_ends_the_draft_before_its_token(target, head, do_sample):
+    """A processor that masks the whole draft vocabulary from the second step on (or from the first) ends the draft
+    there: one token, or none (the drafter then abstains), and never a `multinomial` error."""
+    features, next_ids = prompt_inputs(target, head)
+
+    def mask_from(step):
+        def processor(input_ids, scores):
+            return torch.full_like(scores, float("-inf")) if input_ids.shape[1] - PROMPT.shape[1] >= step else scores
+
+        return processor
+
+    one, logits = head.draft(
+        features,
+        next_ids,
+        3,
+        cache=head.new_cache(),
+        input_ids=PROMPT,
+        logits_processor=mask_from(1),
+        do_sample=do_sample,
+    )
+    assert one.shape == (1, 1) and logits.shape == (1, 1, VOCAB) and int(one[0, 0]) in DRAFT_IDS
+    none, logits = head.draft(
+        features,
+        next_ids,
+        3,
+        cache=head.new_cache(),
+        input_ids=PROMPT,
+        logits_processor=mask_from(0),
+        do_sample=do_sample,
+    )
+    assert none.shape == (1, 0) and logits.shape == (1, 0, VOCAB)
+
+
 def test_draft_refuses_bad_arguments(target, head):
     features, next_ids = prompt_inputs(target, head)
     with pytest.raises(MetaSDConfigError, match=r"`features` must have shape \(B, T, 96\) \(the target's layers"):

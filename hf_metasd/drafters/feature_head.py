@@ -142,6 +142,8 @@ class FeatureHeadDrafter(Drafter):
             logits_processor=processor,
             do_sample=do_sample,
         )
+        if tokens.shape[1] == 0:  # the head's first step had no distribution (`FeatureHead.draft`): abstain
+            return input_ids[:, :0], None
         return tokens.to(input_ids.device), logits
 
     # ------------------------------------------------------------------ pool config round trip

@@ -294,7 +294,8 @@ class FeatureHead(nn.Module):
 
         Returns:
             target ids ``(B, num_tokens)`` and the (processed) target-vocabulary logits ``(B, num_tokens, V)`` they
-            were chosen from.
+            were chosen from. A step whose processed logits are no distribution in some row (every entry ``-inf``,
+            a NaN) ends the draft before its token, so fewer than `num_tokens` (possibly none) come back.
         """
         batch, new = next_ids.shape if next_ids.dim() == 2 else (None, None)
         if batch is None or features.shape[:2] != (batch, new) or new < 1:
@@ -320,6 +321,10 @@ class FeatureHead(nn.Module):
             step_scores = self.to_target_logits(logits[:, -1].float())
             if logits_processor is not None:
                 step_scores = logits_processor(context, step_scores)
+            # a step whose processed logits are no distribution in some row (a processor masked the whole draft
+            # vocabulary, NaN weights) ends the draft before its token: the caller abstains on an empty draft
+            if not bool(torch.isfinite(step_scores.amax(-1)).all()):
+                break
             if do_sample:
                 token = torch.multinomial(step_scores.softmax(-1), 1, generator=generator).squeeze(1)
             else:
@@ -330,6 +335,8 @@ class FeatureHead(nn.Module):
                 context = torch.cat([context, token[:, None]], dim=1)
             if step + 1 < num_tokens:
                 logits, hidden = self(hidden[:, -1:], token[:, None], cache)
+        if not tokens:  # not one step had a distribution
+            return next_ids[:, :0], step_scores.new_empty(step_scores.shape[0], 0, step_scores.shape[-1])
         return torch.stack(tokens, dim=1), torch.stack(scores, dim=1)
 
 
