@@ -19,15 +19,15 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
 
-from ..errors import InvalidPoolError, MetaSDConfigError
+from ..drafters.untrusted import nests_deeper, reading_untrusted
+from ..errors import InvalidPoolError
 from .config import FeatureHeadConfig
 from .head import FeatureHead
 from .vocab import check_vocab_map
@@ -58,22 +58,10 @@ _SHARD = re.compile(r"[\w.-]+\.safetensors")
 # ======================================================================================================================
 # untrusted input
 # ======================================================================================================================
-@contextmanager
-def reading(file: str | os.PathLike, fix: str) -> Iterator[None]:
-    """Whatever a parser raises on `file` (including a Rust panic, a `BaseException`) as an `InvalidPoolError`;
-    hf_metasd's own errors and `MemoryError` pass as they are."""
-    try:
-        yield
-    except (InvalidPoolError, MetaSDConfigError, MemoryError):
-        raise
-    except BaseException as err:
-        if not isinstance(err, Exception) and type(err).__name__ != "PanicException":
-            raise
-        detail = (str(err).strip().splitlines() or [""])[0][:300]
-        raise InvalidPoolError(
-            f"the feature head must find a readable file at {str(file)!r}, but reading it failed "
-            f"({type(err).__name__}: {detail}). {fix}"
-        ) from err
+def reading(file: str | os.PathLike, fix: str) -> AbstractContextManager[None]:
+    """Whatever a parser raises on `file` (a Rust panic included) as an `InvalidPoolError` naming the feature head
+    (`hf_metasd.drafters.untrusted.reading_untrusted`, the pool loads' own)."""
+    return reading_untrusted("the feature head", file, fix)
 
 
 def read_json(path: str | os.PathLike, fix: str) -> Any:
@@ -84,15 +72,8 @@ def read_json(path: str | os.PathLike, fix: str) -> Any:
         if size > MAX_JSON_BYTES:
             raise InvalidPoolError(f"{str(path)!r} must hold at most {MAX_JSON_BYTES} bytes, but has {size}. {fix}")
         data = json.loads(path.read_bytes())
-    stack = [(data, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, (dict, list)):
-            if depth > MAX_JSON_DEPTH:
-                raise InvalidPoolError(
-                    f"{str(path)!r} must nest at most {MAX_JSON_DEPTH} deep, but nests deeper. {fix}"
-                )
-            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    if nests_deeper(data, MAX_JSON_DEPTH):
+        raise InvalidPoolError(f"{str(path)!r} must nest at most {MAX_JSON_DEPTH} deep, but nests deeper. {fix}")
     return data
 
 
