@@ -299,6 +299,32 @@ def test_the_recorder_hands_over_the_layer_inputs_without_output_hidden_states(t
 # ======================================================================================================================
 # saving and loading
 # ======================================================================================================================
+@pytest.mark.parametrize("layout", ["hf_metasd", "speculators"])
+def test_a_config_larger_than_its_files_is_refused_before_the_head_is_built(
+    target, head, tmp_path, monkeypatch, layout
+):
+    """A config that claims a 2**20-wide MLP over files of a 64-wide one: the files are checked against the config's
+    shapes (meta tensors, no memory) before a head is built, so the load allocates nothing of that size."""
+    from hf_metasd.feature_head import layout as layout_module
+    from hf_metasd.feature_head import speculators as speculators_module
+
+    save_head(head, tmp_path, layout=layout)
+    name = "feature_head_config.json" if layout == "hf_metasd" else "config.json"
+    config = json.loads((tmp_path / name).read_text())
+    (config if layout == "hf_metasd" else config["transformer_layer_config"])["intermediate_size"] = 2**20
+    (tmp_path / name).write_text(json.dumps(config))
+
+    def built(*args):
+        raise AssertionError("a head was built before its files were checked")
+
+    monkeypatch.setattr(layout_module, "new_head", built)
+    monkeypatch.setattr(speculators_module, "new_head", built)
+    with pytest.raises(
+        InvalidPoolError, match=r"`layers.0.mlp.down_proj.weight` in .* must have shape \(32, 1048576\)"
+    ):
+        load_feature_head(tmp_path, target)
+
+
 def test_hf_metasd_layout_round_trip_gives_identical_logits(target, head, tmp_path):
     save_head(head, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["feature_head.safetensors", "feature_head_config.json"]

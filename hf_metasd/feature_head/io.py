@@ -173,7 +173,15 @@ def load_state(head: FeatureHead, tensors: dict[str, torch.Tensor], where: str) 
     return head.eval()
 
 
-def new_head(config: FeatureHeadConfig, target: Any, where: str) -> FeatureHead:
-    """An untrained head of `config` for `target` (after checking that it fits), on the target's device and dtype."""
+def expected_state(config: FeatureHeadConfig, target: Any, where: str) -> dict[str, torch.Tensor]:
+    """The `state_dict` of a head of `config` for `target` (after checking that it fits), as meta tensors: shapes
+    and dtypes without memory. A load checks the files against it before it builds the head, so a config cannot make
+    a load allocate more than its checked files hold."""
     config.check_target(target, where)
+    with torch.device("meta"):
+        return FeatureHead(config, target.get_input_embeddings(), device="meta").state_dict()
+
+
+def new_head(config: FeatureHeadConfig, target: Any) -> FeatureHead:
+    """An untrained head of `config` for `target` (checked by `expected_state`), on the target's device and dtype."""
     return FeatureHead(config, target.get_input_embeddings())

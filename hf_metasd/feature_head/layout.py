@@ -12,7 +12,16 @@ from safetensors.torch import save_file
 from ..errors import InvalidPoolError, MetaSDConfigError
 from .config import FeatureHeadConfig
 from .head import FeatureHead
-from .io import CONFIG_NAME, WEIGHTS_NAME, load_state, new_head, read_json, read_tensors, weight_files
+from .io import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    expected_state,
+    load_state,
+    new_head,
+    read_json,
+    read_tensors,
+    weight_files,
+)
 from .speculators import load_speculators, save_speculators
 
 __all__ = ["load_feature_head", "save_feature_head", "save_head"]
@@ -38,10 +47,9 @@ def load_feature_head(folder: str | os.PathLike, target: Any) -> FeatureHead:
         fix = "Re-save the head with `save_head`."
         where = f"the feature head at {str(folder)!r}"
         config = FeatureHeadConfig.from_dict(read_json(folder / CONFIG_NAME, fix), f"{str(folder / CONFIG_NAME)!r}")
-        head = new_head(config, target, where)
-        expected = head.state_dict()
+        expected = expected_state(config, target, where)
         tensors = read_tensors(weight_files(folder, WEIGHTS_NAME, fix), expected, optional=frozenset(), skipped={})
-        return load_state(head, tensors, where)
+        return load_state(new_head(config, target), tensors, where)
     if (folder / "config.json").is_file():
         return load_speculators(folder, target)
     raise InvalidPoolError(

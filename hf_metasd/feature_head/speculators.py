@@ -44,7 +44,7 @@ from safetensors.torch import save_file
 from ..errors import InvalidPoolError, InvalidPoolTypeError
 from .config import FeatureHeadConfig, default_layer_ids, target_shape
 from .head import FeatureHead
-from .io import load_state, new_head, read_json, read_tensors, tensor_names, weight_files
+from .io import expected_state, load_state, new_head, read_json, read_tensors, tensor_names, weight_files
 
 __all__ = ["LLAMA_DEFAULTS", "WEIGHTS_NAME", "config_from_speculators", "load_speculators", "save_speculators"]
 
@@ -255,11 +255,10 @@ def load_speculators(folder: str | os.PathLike, target: Any) -> FeatureHead:
     data = read_json(folder / "config.json", fix)
     files = weight_files(folder, WEIGHTS_NAME, fix)
     config = config_from_speculators(data, target, fc_bias="fc.bias" in tensor_names(files, fix), where=where)
-    head = new_head(config, target, f"the EAGLE-3 head at {str(folder)!r}")
-    expected = head.state_dict()
+    expected = expected_state(config, target, f"the EAGLE-3 head at {str(folder)!r}")
     optional = frozenset({"d2t", "t2d"} if config.draft_vocab_size == config.vocab_size else set())
     skipped = {"embed_tokens.weight": (config.vocab_size, config.hidden_size)}
     tensors = read_tensors(files, expected, optional=optional, skipped=skipped)
     if ("d2t" in tensors) != ("t2d" in tensors):
         raise InvalidPoolError(f"the weights in {str(folder)!r} must hold both `d2t` and `t2d` or neither. {fix}")
-    return load_state(head, tensors, f"the EAGLE-3 head at {str(folder)!r}")
+    return load_state(new_head(config, target), tensors, f"the EAGLE-3 head at {str(folder)!r}")
