@@ -31,6 +31,7 @@ from typing import Any, get_args
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
 from transformers.utils import ModelOutput
 
+from ._distributed import agreeing
 from .candidate_generator import MetaCandidateGenerator
 from .decoding import assisted_decoding, uncached_prompt_length
 from .drafters import as_drafters
@@ -295,7 +296,8 @@ def generate(
     with stats.timed("kernel_choice"):
         kernels = VerificationKernels.for_call(model, settings.meta_skinny_gemm, settings.num_assistant_tokens)
     candidate_generator.kernels = kernels  # asked before, told after each verification pass
-    with _in_use(shared), kernels.applied():
+    # on a tensor-parallel target every rank makes rank 0's decisions (`hf_metasd._distributed`)
+    with _in_use(shared), kernels.applied(), agreeing(model, candidate_generator.policy):
         output = assisted_decoding(
             model,
             input_ids,

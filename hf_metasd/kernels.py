@@ -64,6 +64,7 @@ from typing import Any
 
 import torch
 
+from ._distributed import agree
 from ._validation import check_int
 from .costs import target_cache
 
@@ -302,6 +303,7 @@ def choose_verification_kernel(
                     samples[name].append(timer() - start)
             for name in totals:
                 totals[name] += count * scale * statistics.median(samples[name])
+    totals["stock"], totals["skinny"] = agree([totals["stock"], totals["skinny"]], model)  # tensor parallel: rank 0's
     kernel = "skinny" if totals["skinny"] < (1.0 - margin) * totals["stock"] else "stock"
     choice = KernelChoice(kernel, totals["stock"], totals["skinny"], True, time.perf_counter() - started)
     with _CHOICES_LOCK:

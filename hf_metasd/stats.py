@@ -8,6 +8,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ._distributed import agree
+
 __all__ = ["TIME_PARTS", "MetaSDStats"]
 
 #: The clock every MetaSD call reads (seconds). Tests replace it with a fake one to make wall-clock rewards exact.
@@ -15,7 +17,8 @@ CLOCK: Callable[[], float] = time.perf_counter
 
 
 def _now() -> float:
-    return CLOCK()
+    """`CLOCK`; rank 0's reading on every rank during a call on a tensor-parallel target (`hf_metasd._distributed`)."""
+    return agree([CLOCK()])[0]
 
 
 #: The parts of a call's wall time, in the order `summary` prints them (each has a ``<part>_seconds`` field).

@@ -29,6 +29,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from .._distributed import agree
+
 __all__ = [
     "MEASURED_LENGTHS",
     "SHORTEST_CATCH_UP",
@@ -224,6 +226,8 @@ def choose_prefill_dtype(
                 fn(length)
                 elapsed = timer() - start
                 best[name, length] = min(best.get((name, length), math.inf), elapsed)
+    keys = sorted(best)  # under tensor parallelism, every rank takes rank 0's times (`hf_metasd._distributed`)
+    best = dict(zip(keys, agree([best[key] for key in keys])))
     lines = {}
     for name in ("stored", "float32"):
         slope = (best[name, long] - best[name, short]) / (long - short)
