@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import VOCAB, greedy, lossless_under, metasd_greedy, prompts, sharpen, tiny_llama
 from peft import LoraConfig, get_peft_model
-from test_feature_head_drafter import trained_head
+from test_feature_head_adapters import adapter_arms
 from test_other_tokenizer import other_tokenizer_pool
 from transformers import GPT2Config, GPT2LMHeadModel, LogitsProcessorList, SuppressTokensLogitsProcessor
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
@@ -51,8 +51,9 @@ FACTORIES = {
     "lora": lambda target: LoraDrafter.from_peft_model(_peft_model()),
     "prompt_lookup": lambda target: [PromptLookupDrafter()],
     "early_exit": lambda target: [EarlyExitDrafter(target, num_layers=1)],
-    # an EAGLE-3-style head trained for ~1 s on the target's own answers (cached per target)
-    "feature_head": lambda target: [hf_metasd.FeatureHeadDrafter(trained_head(target))],
+    # an EAGLE-3-style head trained for ~1 s on the target's own answers (cached per target), and two task adapters
+    # on it: three arms on one resident head
+    "feature_head": adapter_arms,
     # a corpus of the target's own answers to other prompts: it matches and drafts
     "corpus": lambda target: [
         CorpusDrafter.from_sequences(

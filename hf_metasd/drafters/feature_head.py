@@ -8,23 +8,39 @@ features of the kept positions and the ids of the tokens that follow them go to 
 (`MetaCandidateGenerator.observe_target_features` -> `FeatureHeadDrafter.observe`), whether or not it drafted the
 round. The newest token's feature comes with the next pass, so the drafter abstains in the call's first round (no
 feature yet) and drafts from then on. `catch_up` does nothing: there is nothing to ingest.
+
+Per-task adapters (`hf_metasd.feature_head.adapters`): several LoRA adapters on one resident head, one arm per adapter
+(``FeatureHeadDrafter(head, adapter="code")``) beside the base head's arm (``adapter=None``: every adapter off). An
+arm drafts under the head's lock with its adapter active, so concurrent calls never draft with another arm's adapter;
+each arm keeps its own cache and observed features, as every arm does.
 """
 
 from __future__ import annotations
 
 import os
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..errors import DrafterCompatibilityError, InvalidPoolError, MetaSDConfigError
-from ..feature_head import FeatureHead, load_feature_head, save_feature_head
-from .base import Drafter, eval_mode
+from ..errors import DrafterCompatibilityError, InvalidPoolError, InvalidPoolTypeError, MetaSDConfigError
+from ..feature_head import FeatureHead, adapter_names, load_adapter, load_feature_head, save_adapter, save_feature_head
+from ..feature_head.adapters import (
+    adapter_state,
+    check_adapter_name,
+    check_savable,
+    restore_adapter_state,
+    using_adapter,
+)
+from .base import Drafter, eval_mode, shared_scope
 from .load import LoadContext
 from .registry import register_drafter_kind
 from .save import SaveContext
 from .spec import DrafterSpec, require_path
+
+#: Subfolder of a stored head's folder holding one folder per adapter.
+ADAPTERS_DIR = "adapters"
 
 __all__ = ["FeatureHeadDrafter"]
 
@@ -39,24 +55,52 @@ class FeatureHeadDrafter(Drafter):
     Args:
         head: a `FeatureHead` built for the target (``FeatureHead(config, target.get_input_embeddings())``, or
             `hf_metasd.feature_head.load_feature_head`), on the target's device.
-        name: label (default ``"feature_head"``).
+        adapter: the head's adapter this arm drafts with (`hf_metasd.feature_head.add_adapter` / `load_adapter`), or
+            ``None`` (default) for the head's own weights, every adapter off.
+        name: label (default: the adapter's name, else ``"feature_head"``).
 
     Pool entry: the head is always stored inside the pool, in hf_metasd's layout (``feature_head/<name>/``:
-    ``feature_head_config.json`` + ``feature_head.safetensors``); loading reads that folder, or a Hub repo in either
-    layout `load_feature_head` reads. The entry has no `params`.
+    ``feature_head_config.json`` + ``feature_head.safetensors``), once however many arms draft with it; loading reads
+    that folder, or a Hub repo in either layout `load_feature_head` reads, and entries with the same folder share one
+    head. An adapter arm's entry has ``params.adapter``: its adapter is stored in ``<head folder>/adapters/<adapter>/``
+    (``adapter_config.json`` + ``adapter_model.safetensors``) and checked as `load_adapter` does before it is read.
+    A base arm's entry has no `params`.
+
+    Example:
+        >>> import torch
+        >>> from hf_metasd.feature_head import FeatureHeadConfig, add_adapter
+        >>> config = FeatureHeadConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4,
+        ...                            num_key_value_heads=2, vocab_size=96, draft_vocab_size=96, layer_ids=(1,))
+        >>> head = FeatureHead(config, torch.nn.Embedding(96, 32))
+        >>> add_adapter(head, "code", r=4)
+        >>> add_adapter(head, "math", r=4)
+        >>> [arm.name for arm in FeatureHeadDrafter.arms(head)]
+        ['feature_head', 'code', 'math']
     """
 
     kind = "feature_head"
 
-    def __init__(self, head: FeatureHead, *, name: str | None = None) -> None:
+    def __init__(self, head: FeatureHead, *, adapter: str | None = None, name: str | None = None) -> None:
         if not isinstance(head, FeatureHead):
             raise TypeError(
                 f"`head` must be a `FeatureHead`, but is {type(head).__name__}. Build one with "
                 "`FeatureHead(config, target.get_input_embeddings())` or load one with `load_feature_head`."
             )
-        super().__init__(name)
+        if adapter is not None and adapter not in adapter_names(head):
+            raise DrafterCompatibilityError(
+                f"`adapter` must be one of the head's adapters {adapter_names(head)} or None (the base head), but is "
+                f"{adapter!r}. Add it with `hf_metasd.feature_head.add_adapter` or load it with `load_adapter`."
+            )
+        super().__init__(name or adapter)
         self.head = head
+        self.adapter = adapter
         self.reset()
+
+    @classmethod
+    def arms(cls, head: FeatureHead, *, base: bool = True) -> list[FeatureHeadDrafter]:
+        """One arm per adapter of `head` (in the order they were added), after the base head's arm unless `base` is
+        false; the arms share the head."""
+        return ([cls(head)] if base else []) + [cls(head, adapter=adapter) for adapter in adapter_names(head)]
 
     @property
     def layer_ids(self) -> tuple[int, ...]:
@@ -79,7 +123,14 @@ class FeatureHeadDrafter(Drafter):
             raise DrafterCompatibilityError(str(err)) from err
 
     def in_use(self) -> AbstractContextManager[Any]:
-        return eval_mode(self.head)
+        """Eval mode, and the head's adapter state (active adapter, adapters on or off, which parameters require grad)
+        back as the user had it after the call (shared by concurrent calls)."""
+        head = self.head
+        stack = ExitStack()
+        key = ("feature_head_adapter", id(head))
+        stack.enter_context(shared_scope(key, lambda: adapter_state(head), lambda s: restore_adapter_state(head, s)))
+        stack.enter_context(eval_mode(head))
+        return stack
 
     def reset(self) -> None:
         self.cache = self.head.new_cache()
@@ -133,15 +184,16 @@ class FeatureHeadDrafter(Drafter):
         next_ids = torch.cat(self._next_ids, dim=1).to(device)
         self._features, self._next_ids = [], []
         processor = logits_processor if logits_processor is not None and len(logits_processor) > 0 else None
-        tokens, logits = self.head.draft(
-            features,
-            next_ids,
-            num_tokens,
-            cache=self.cache,
-            input_ids=input_ids.to(device),
-            logits_processor=processor,
-            do_sample=do_sample,
-        )
+        with using_adapter(self.head, self.adapter):  # the head's lock, this arm's adapter active
+            tokens, logits = self.head.draft(
+                features,
+                next_ids,
+                num_tokens,
+                cache=self.cache,
+                input_ids=input_ids.to(device),
+                logits_processor=processor,
+                do_sample=do_sample,
+            )
         if tokens.shape[1] == 0:  # the head's first step had no distribution (`FeatureHead.draft`): abstain
             return input_ids[:, :0], None
         return tokens.to(input_ids.device), logits
@@ -149,28 +201,53 @@ class FeatureHeadDrafter(Drafter):
     # ------------------------------------------------------------------ pool config round trip
     @classmethod
     def to_spec(cls, group: list[Drafter], ctx: SaveContext) -> DrafterSpec:
-        """The head stored in ``feature_head/<name>/`` (hf_metasd's layout); the target's embedding is not saved."""
+        """The head stored in ``feature_head/<name>/`` (hf_metasd's layout, once per head: the first arm's name); the
+        target's embedding is not saved. An adapter arm adds ``params.adapter`` and its adapter in
+        ``<head folder>/adapters/<adapter>/`` (once per adapter); an adapter a load would refuse is refused here."""
         (drafter,) = group
-        folder = ctx.folder("feature_head", drafter.name)
         head = drafter.head
-        ctx.schedule(lambda root: save_feature_head(head, root / folder))
-        return DrafterSpec(cls.kind, drafter.name, path=folder, stored=True)
+        folder = ctx.shared.get(("feature_head", id(head)))  # `ctx` lasts one save, while the pool holds the head
+        if folder is None:
+            folder = ctx.shared[("feature_head", id(head))] = ctx.folder("feature_head", drafter.name)
+            ctx.schedule(lambda root: save_feature_head(head, root / folder))
+        if drafter.adapter is None:
+            return DrafterSpec(cls.kind, drafter.name, path=folder, stored=True)
+        adapter = drafter.adapter
+        check_savable(head, adapter, f" of {ctx.where(drafter)}", InvalidPoolError, InvalidPoolTypeError)
+        if ("feature_head_adapter", id(head), adapter) not in ctx.shared:
+            ctx.shared["feature_head_adapter", id(head), adapter] = True
+            ctx.schedule(lambda root: save_adapter(head, adapter, root / folder / ADAPTERS_DIR / adapter))
+        return DrafterSpec(cls.kind, drafter.name, path=folder, stored=True, params={"adapter": adapter})
 
     @classmethod
     def from_spec(cls, spec: DrafterSpec, ctx: LoadContext) -> list[Drafter]:
         """The head of the entry's folder (`load_feature_head`: checked against ``ctx.target`` before its tensors are
-        read), sharing the target's embedding."""
+        read; one head for every entry with that folder), sharing the target's embedding; with ``params.adapter``,
+        that adapter loaded onto it from ``<folder>/adapters/<adapter>/`` (`load_adapter`'s checks) unless an
+        earlier entry did."""
         where = ctx.where(spec)
         folder = ctx.resolve(spec, where, need_folder=True)
-        with ctx.reading(where, os.path.join(folder, "")):
-            head = load_feature_head(folder, ctx.target)
+        key = ("feature_head", str(Path(folder).resolve()))
+        head = ctx.bases.get(key)
+        if head is None:
+            with ctx.reading(where, os.path.join(folder, "")):
+                head = ctx.bases[key] = load_feature_head(folder, ctx.target)
+        adapter = spec.params.get("adapter")
+        if adapter is not None and adapter not in adapter_names(head):
+            path = Path(folder) / ADAPTERS_DIR / adapter
+            with ctx.reading(where, path):
+                load_adapter(head, path, adapter)
         return [ctx.build(spec, cls, lambda: cls(head, name=spec.name, **spec.params))]
 
     @classmethod
     def validate_spec(cls, spec: DrafterSpec, where: str) -> None:
-        """A feature-head entry needs a `path` (the head's folder); like every kind but LoRA, no `adapters`."""
+        """A feature-head entry needs a `path` (the head's folder); like every kind but LoRA, no `adapters`; an
+        adapter arm's ``params.adapter`` is an adapter name (a folder name: letters, digits, ``_``, ``-``)."""
         super().validate_spec(spec, where)
         require_path(spec, where)
+        if "adapter" in spec.params:
+            check_adapter_name(spec.params["adapter"], f"{where} `params.adapter`", InvalidPoolError)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r}, layer_ids={list(self.layer_ids)})"
+        adapter = "" if self.adapter is None else f", adapter={self.adapter!r}"
+        return f"{type(self).__name__}(name={self.name!r}{adapter}, layer_ids={list(self.layer_ids)})"

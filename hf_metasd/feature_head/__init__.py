@@ -5,8 +5,11 @@
 * `FeatureRecorder` (`features`): the target's features from forward pre-hooks during its verification pass.
 * `save_feature_head`, `load_feature_head` (`io`): hf_metasd's layout; loading also reads speculators' EAGLE-3 layout
   (`save_speculators`, `load_speculators` in `speculators`), as vLLM and SGLang serve it.
+* `add_adapter`, `load_adapter`, `save_adapter`, `adapter_names` (`adapters`): per-task LoRA adapters on one resident
+  head, one `FeatureHeadDrafter` arm each.
 """
 
+from .adapters import adapter_names, add_adapter, load_adapter, save_adapter, set_active_adapter
 from .config import FeatureHeadConfig, default_layer_ids
 from .features import FeatureRecorder, feature_modules
 from .head import FeatureHead, FeatureHeadCache
@@ -19,13 +22,18 @@ __all__ = [
     "FeatureHeadCache",
     "FeatureHeadConfig",
     "FeatureRecorder",
+    "adapter_names",
+    "add_adapter",
     "check_vocab_map",
     "default_layer_ids",
     "feature_modules",
+    "load_adapter",
     "load_feature_head",
     "load_speculators",
+    "save_adapter",
     "save_feature_head",
     "save_head",
     "save_speculators",
+    "set_active_adapter",
     "vocab_map",
 ]

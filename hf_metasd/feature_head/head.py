@@ -212,6 +212,20 @@ class FeatureHead(nn.Module):
         """The target's input embedding (shared)."""
         return self._shared[0]
 
+    def base_state_dict(self) -> dict[str, torch.Tensor]:
+        """The `state_dict` of the head without its adapters (`hf_metasd.feature_head.adapters`): the names and
+        tensors of a head that never had any (peft's ``<module>.base_layer.*`` unwrapped, adapter weights left out).
+        Both layouts save this."""
+        wrapped = [name for name, module in self.named_modules() if name and hasattr(module, "base_layer")]
+        state = {}
+        for key, tensor in self.state_dict().items():
+            owner = next((name for name in wrapped if key.startswith(f"{name}.")), None)
+            if owner is None:
+                state[key] = tensor
+            elif key.startswith(f"{owner}.base_layer."):
+                state[f"{owner}.{key.removeprefix(f'{owner}.base_layer.')}"] = tensor
+        return state
+
     def new_cache(self) -> FeatureHeadCache:
         """An empty cache for one sequence."""
         return FeatureHeadCache()

@@ -5,7 +5,8 @@ hf_metasd's layout is a folder with two files:
 * ``feature_head_config.json``: the `FeatureHeadConfig` as sorted JSON;
 * ``feature_head.safetensors``: the head's `state_dict` (speculators' tensor names: ``fc.weight``, ``layers.0.*``,
   ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d``, ``input_norm.weight`` with `norm_before_fc`). The target's
-  embedding is not in it: the head shares the target's.
+  embedding is not in it: the head shares the target's. Nor are its adapters (`FeatureHead.base_state_dict`): they
+  are saved apart (`hf_metasd.feature_head.adapters`).
 
 `load_feature_head` also reads speculators' EAGLE-3 layout (`hf_metasd.feature_head.speculators`). A head folder is
 untrusted input, read as data: JSON files of at most `MAX_JSON_BYTES` nested at most `MAX_JSON_DEPTH` deep, weights
@@ -118,12 +119,19 @@ def tensor_names(files: list[Path], fix: str) -> set[str]:
 
 
 def read_tensors(
-    files: list[Path], expected: dict[str, torch.Tensor], *, optional: frozenset[str], skipped: dict[str, tuple]
+    files: list[Path],
+    expected: dict[str, torch.Tensor],
+    *,
+    optional: frozenset[str],
+    skipped: dict[str, tuple],
+    what: str = "the feature head's weights",
+    fix: str = "Re-save the head from a working copy, or use a head trained for this target.",
+    unknown_fix: str = "Use a single-layer EAGLE-3 head whose weights match its config.",
 ) -> dict[str, torch.Tensor]:
     """Read the tensors `expected` names (each like its example tensor in shape and dtype kind) from the safetensors
     `files`; names in `optional` may be absent, names in `skipped` (name -> shape) are checked and not read, any other
-    name is refused. Shapes and dtypes are checked from the headers before any tensor is read."""
-    fix = "Re-save the head from a working copy, or use a head trained for this target."
+    name is refused. Shapes and dtypes are checked from the headers before any tensor is read. Messages name the
+    tensors `what` (a head's by default; a head adapter's too) and end with `fix` (`unknown_fix` for extra tensors)."""
     handles, owner = {}, {}
     for path in files:
         with reading(path, fix):
@@ -138,12 +146,11 @@ def read_tensors(
     unknown = sorted(set(owner) - set(expected) - set(skipped))
     if unknown:
         raise InvalidPoolError(
-            f"the feature head's weights must hold only the tensors of its config, but also hold {unknown[:8]}. "
-            "Use a single-layer EAGLE-3 head whose weights match its config."
+            f"{what} must hold only the tensors of its config, but also hold {unknown[:8]}. {unknown_fix}"
         )
     missing = sorted(set(expected) - set(owner) - optional)
     if missing:
-        raise InvalidPoolError(f"the feature head's weights are missing tensors {missing[:8]}. {fix}")
+        raise InvalidPoolError(f"{what} are missing tensors {missing[:8]}. {fix}")
     out: dict[str, torch.Tensor] = {}
     for name in sorted(owner):
         path = owner[name]

@@ -34,7 +34,7 @@ def save_feature_head(head: FeatureHead, folder: str | os.PathLike) -> None:
     """Write `head` to `folder` in hf_metasd's layout (the module docstring)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in head.state_dict().items()}
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in head.base_state_dict().items()}
     save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
     (folder / CONFIG_NAME).write_text(head.config.to_json())
 

@@ -228,7 +228,7 @@ def save_speculators(
     when it is absent). The verifier fields and `num_speculative_tokens` only fill speculators' metadata."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in head.state_dict().items()}
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in head.base_state_dict().items()}
     identity = not bool(tensors["d2t"].any()) and bool(tensors["t2d"].all())
     if identity:
         del tensors["d2t"], tensors["t2d"]

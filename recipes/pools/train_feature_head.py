@@ -25,16 +25,25 @@ sequences are **held-out training sequences** (the only data choices are made on
    accepted step 0; labels outside the draft vocabulary count as misses), tokens/s and wall time; the untrained head
    first. The head is saved with `save_head` to ``--out`` (hf_metasd's layout), the run's record to
    ``<out>/training_record.json``.
+5. **Per-task adapters** (``--lora-task TASK``, repeatable, with ``--base-head DIR``, a trained head): the head is
+   loaded and frozen, and for each task a LoRA adapter (`hf_metasd.feature_head.add_adapter`: rank ``--lora-rank`` on
+   the decoder layer's projections) is trained with the same training-time-test loss on that task's training
+   sequences only (the cache records the task of every sequence: ``sequence_tasks`` in `features.json`'s settings).
+   Reports the held-out agreement on that task's held-out sequences for the base head and the adapted head; saves
+   the base head and ``adapters/<task>/`` to ``--out`` (default ``artifacts/feature-head-adapters``), the layout a
+   pool stores a head with adapter arms in. A pool from it: ``head = load_feature_head(out, target)``, then
+   ``load_adapter(head, out / "adapters" / task, task)`` per task and ``FeatureHeadDrafter.arms(head)`` (the base
+   head and one arm per adapter). The features must be cached with the base head's layers (the same ``--work-dir``,
+   ``--tasks`` and sequence settings as the head's run reuse its cache).
 
 Run from the repository root::
 
     python recipes/pools/train_feature_head.py --stores artifacts/task-outputs --out artifacts/feature-head
     python recipes/pools/train_feature_head.py --max-sequences 8 --val-sequences 2 --epochs 1 --threads 1  # smoke
+    python recipes/pools/train_feature_head.py --base-head artifacts/feature-head --lora-task code --lora-task rag
 
 The smoke run (SmolLM2-135M, 7 tasks x 8 sequences, ``--draft-vocab-size 4096``, 1 thread beside a running
 generate_task_outputs.py on 2 cores) took 84 s: the target pass ~420 tokens/s, training ~370 tokens/s.
-
-Not done here: a per-task LoRA adapter on the head's decoder layer (issue 34, item 3, optional part).
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
@@ -56,7 +66,16 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))  # run as a script: recipes import each other as `recipes.<group>.<name>`
 
-from hf_metasd.feature_head import FeatureHead, FeatureHeadConfig, FeatureRecorder, save_head  # noqa: E402
+from hf_metasd.feature_head import (  # noqa: E402
+    FeatureHead,
+    FeatureHeadConfig,
+    FeatureRecorder,
+    add_adapter,
+    load_feature_head,
+    save_adapter,
+    save_head,
+    set_active_adapter,
+)
 from recipes.pools.train_drafters import TASKS  # noqa: E402
 
 FEATURES_META = "features.json"
@@ -140,12 +159,19 @@ def cache_features(target, args, split: dict[str, list], layer_ids) -> dict:
         "val_sequences": args.val_sequences,
         "sequences": {name: len(rows) for name, rows in split.items()},
         "chunk_sequences": args.chunk_sequences,
+        "sequence_tasks": {name: task_runs(rows) for name, rows in split.items()},
     }
     meta_path = folder / FEATURES_META
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text())
         if meta["settings"] == settings:
             print(f"features: reusing {folder}", flush=True)
+            return meta
+        older = {k: v for k, v in settings.items() if k != "sequence_tasks"}
+        if meta["settings"] == older and cached_in_order(folder, split):  # written before the tasks were recorded
+            meta["settings"] = settings
+            meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True))
+            print(f"features: reusing {folder} (the task of each sequence now recorded)", flush=True)
             return meta
         print(f"features: settings changed, recomputing {folder}", flush=True)
     folder.mkdir(parents=True, exist_ok=True)
@@ -167,8 +193,41 @@ def cache_features(target, args, split: dict[str, list], layer_ids) -> dict:
     return meta
 
 
+def task_runs(rows: list) -> list[list]:
+    """The tasks of `rows` (``(task, prompt, answer)``, in cache order) as runs ``[[task, count], ...]``."""
+    runs: list[list] = []
+    for task, _, _ in rows:
+        if runs and runs[-1][0] == task:
+            runs[-1][1] += 1
+        else:
+            runs.append([task, 1])
+    return runs
+
+
+def cached_in_order(folder: Path, split: dict[str, list]) -> bool:
+    """Whether the cached sequences of each split are `split`'s, in order (their token ids, read without the
+    features): then `split` gives each cached sequence's task."""
+    for name, rows in split.items():
+        cached = []
+        for path in chunks(folder, name):
+            with safe_open(str(path), framework="pt") as handle:
+                ids, lengths = handle.get_tensor("input_ids"), handle.get_tensor("lengths")
+            cached += [part.tolist() for part in ids.split(lengths.tolist())]
+        if cached != [prompt + answer for _, prompt, answer in rows]:
+            return False
+    return True
+
+
 def chunks(folder: Path, split: str) -> list[Path]:
     return sorted(folder.glob(f"{split}-*.safetensors"))
+
+
+def chunk_tasks(folder: Path, split: str) -> dict[str, list[str]]:
+    """The task of each cached sequence of `split`, per chunk file name (from `features.json`'s settings)."""
+    settings = json.loads((folder / FEATURES_META).read_text())["settings"]
+    tasks = [task for task, count in settings["sequence_tasks"][split] for _ in range(count)]
+    size = settings["chunk_sequences"]
+    return {path.name: tasks[int(path.stem.split("-")[1]) * size :][:size] for path in chunks(folder, split)}
 
 
 def read_chunk(path: Path) -> list[dict]:
@@ -186,14 +245,19 @@ def read_chunk(path: Path) -> list[dict]:
     ]
 
 
-def batches(folder: Path, split: str, batch_size: int, rng: random.Random | None):
-    """Right-padded batches, chunk by chunk (shuffled chunks and sequences with `rng`): ``features`` (B, N, k H),
-    ``input_ids``, ``labels`` (B, N), ``lengths`` and ``prompt_lengths`` (B,)."""
+def batches(folder: Path, split: str, batch_size: int, rng: random.Random | None, task: str | None = None):
+    """Right-padded batches, chunk by chunk (shuffled chunks and sequences with `rng`; only `task`'s sequences when
+    given): ``features`` (B, N, k H), ``input_ids``, ``labels`` (B, N), ``lengths`` and ``prompt_lengths`` (B,)."""
     files = chunks(folder, split)
+    tasks = None if task is None else chunk_tasks(folder, split)
     if rng is not None:
         rng.shuffle(files)
     for path in files:
+        if tasks is not None and task not in tasks[path.name]:
+            continue  # the cache is in task order: most chunks hold one task
         sequences = read_chunk(path)
+        if tasks is not None:
+            sequences = [s for s, t in zip(sequences, tasks[path.name], strict=True) if t == task]
         if rng is not None:
             rng.shuffle(sequences)
         for start in range(0, len(sequences), batch_size):
@@ -212,6 +276,18 @@ def batches(folder: Path, split: str, batch_size: int, rng: random.Random | None
                 batch["input_ids"][row, :n] = s["input_ids"]
                 batch["labels"][row, :n] = s["labels"]
             yield batch
+
+
+def count_batches(folder: Path, split: str, batch_size: int, task: str | None = None) -> int:
+    """How many batches `batches` yields (read from the chunk files' headers)."""
+    tasks = None if task is None else chunk_tasks(folder, split)
+    total = 0
+    for path in chunks(folder, split):
+        with safe_open(str(path), framework="pt") as handle:
+            size = handle.get_slice("lengths").get_shape()[0]
+        size = size if tasks is None else sum(t == task for t in tasks[path.name])
+        total += -(-size // batch_size)
+    return total
 
 
 def draft_vocabulary(folder: Path, vocab_size: int, draft_vocab_size: int) -> list[int]:
@@ -297,12 +373,13 @@ def batch_loss(head: FeatureHead, batch: dict, steps: int) -> tuple[torch.Tensor
 
 
 @torch.no_grad()
-def evaluate(head: FeatureHead, folder: Path, args) -> dict:
-    """Held-out loss and top-1 agreement of steps 0 and 1 (needs ``--ttt-steps >= 2`` for step 1)."""
+def evaluate(head: FeatureHead, folder: Path, args, task: str | None = None) -> dict:
+    """Held-out loss and top-1 agreement of steps 0 and 1 (needs ``--ttt-steps >= 2`` for step 1), on `task`'s
+    held-out sequences only when given."""
     head.eval()
     totals = [[0, 0] for _ in range(args.ttt_steps)]
     loss, count = 0.0, 0
-    for batch in batches(folder, "val", args.batch_size, None):
+    for batch in batches(folder, "val", args.batch_size, None, task):
         value, hits = batch_loss(head, batch, args.ttt_steps)
         loss, count = loss + float(value), count + 1
         for total, (hit, n) in zip(totals, hits):
@@ -324,7 +401,7 @@ def parse_args(argv=None):
         "--models", default="smollm2", choices=["smollm2", "qwen"], help="the target (as `hf-metasd bench`)"
     )
     p.add_argument("--tasks", nargs="+", default=list(TASKS))
-    p.add_argument("--out", type=Path, default=REPO_ROOT / "artifacts" / "feature-head")
+    p.add_argument("--out", type=Path, default=None, help="default artifacts/feature-head(-adapters with --lora-task)")
     p.add_argument("--work-dir", type=Path, default=REPO_ROOT / "artifacts" / "feature-head-features")
     p.add_argument("--max-sequences", type=int, default=None, help="stored sequences read per task (default all)")
     p.add_argument("--val-sequences", type=int, default=4, help="held-out training sequences per task (the first)")
@@ -342,10 +419,20 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the target's dtype")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="1 while another job uses the cores (2 then is ~15x slower)")
+    p.add_argument("--lora-task", action="append", default=[], help="train an adapter for this task (repeatable)")
+    p.add_argument("--base-head", type=Path, default=None, help="the trained head the adapters adapt (--lora-task)")
+    p.add_argument("--lora-rank", type=int, default=16, help="the adapters' LoRA rank")
     args = p.parse_args(argv)
-    for name in ("epochs", "batch_size", "ttt_steps", "draft_vocab_size", "chunk_sequences", "threads"):
+    for name in ("epochs", "batch_size", "ttt_steps", "draft_vocab_size", "chunk_sequences", "threads", "lora_rank"):
         if getattr(args, name) < 1:
             p.error(f"`--{name.replace('_', '-')}` must be >= 1, but is {getattr(args, name)}.")
+    if args.lora_task and args.base_head is None:
+        p.error("`--lora-task` must come with `--base-head DIR` (a head trained by this recipe), but it is missing.")
+    unknown = sorted(set(args.lora_task) - set(args.tasks))
+    if unknown:
+        p.error(f"`--lora-task` must name tasks of `--tasks` {args.tasks}, but names {unknown}. Pass one of them.")
+    if args.out is None:
+        args.out = REPO_ROOT / "artifacts" / ("feature-head-adapters" if args.lora_task else "feature-head")
     return args
 
 
@@ -357,34 +444,18 @@ def commit() -> str | None:
     return result.stdout.strip() if result.returncode == 0 else None
 
 
-def main(argv=None, target=None) -> dict:
-    """Train and save a head; returns the run's record. `target` (a loaded model) replaces ``--models`` (tests)."""
-    args = parse_args(argv)
-    torch.manual_seed(args.seed)
-    if target is None:
-        from hf_metasd.benchmark.run import load_models
-
-        target, _ = load_models(args.models, args.dtype, args.threads)
-    torch.set_num_threads(args.threads)
-    target.requires_grad_(False)
-    split = read_stores(args.stores, args.tasks, args.max_sequences, args.val_sequences)
-    extra = {} if args.intermediate_size is None else {"intermediate_size": args.intermediate_size}
-    layer_ids = None if args.layer_ids is None else tuple(args.layer_ids)
-    config = FeatureHeadConfig.for_target(target, layer_ids=layer_ids, draft_vocab_size=args.draft_vocab_size, **extra)
-    meta = cache_features(target, args, split, config.layer_ids)
-    head = FeatureHead(config, target.get_input_embeddings(), dtype=torch.float32)
-    head.set_vocab_map(draft_vocabulary(args.work_dir, config.vocab_size, config.draft_vocab_size))
+def train(head: FeatureHead, args, task: str | None = None) -> list[dict]:
+    """``--epochs`` epochs of AdamW on the head's trainable parameters (the whole head, or an adapter), on `task`'s
+    training sequences only when given; one row per epoch (train loss, speed, held-out metrics on the same task)."""
     optimizer = torch.optim.AdamW(
         [p for p in head.parameters() if p.requires_grad], lr=args.lr, weight_decay=args.weight_decay
     )
-    untrained = evaluate(head, args.work_dir, args)
-    print(f"untrained: {untrained}", flush=True)
     rng, epochs = random.Random(args.seed), []
-    n_batches = sum(-(-len(read_chunk(p)) // args.batch_size) for p in chunks(args.work_dir, "train"))
+    n_batches = count_batches(args.work_dir, "train", args.batch_size, task)
     for epoch in range(1, args.epochs + 1):
         head.train()
         start, total, entries = time.perf_counter(), 0.0, 0
-        bar = tqdm(batches(args.work_dir, "train", args.batch_size, rng), total=n_batches, desc=f"epoch {epoch}")
+        bar = tqdm(batches(args.work_dir, "train", args.batch_size, rng, task), total=n_batches, desc=f"epoch {epoch}")
         for count, batch in enumerate(bar, 1):
             loss, _ = batch_loss(head, batch, args.ttt_steps)
             optimizer.zero_grad()
@@ -400,10 +471,72 @@ def main(argv=None, target=None) -> dict:
             "train_loss": total / n_batches,
             "tokens_per_s": entries / seconds,
             "seconds": seconds,
-            **evaluate(head, args.work_dir, args),
+            **evaluate(head, args.work_dir, args, task),
         }
         epochs.append(row)
         print(json.dumps(row), flush=True)
+    return epochs
+
+
+def train_adapters(args, target, split: dict[str, list]) -> dict:
+    """Section 5 of the module docstring: one adapter per ``--lora-task`` on the frozen ``--base-head``."""
+    counts = {
+        task: {name: sum(t == task for t, _, _ in rows) for name, rows in split.items()} for task in args.lora_task
+    }
+    for task, count in counts.items():
+        if not all(count.values()):
+            raise SystemExit(
+                f"`--lora-task` {task!r} must have training and held-out sequences, but has {count}. Pass a task "
+                "whose store holds more than `--val-sequences` sequences."
+            )
+    head = load_feature_head(args.base_head, target).float()
+    meta = cache_features(target, args, split, head.config.layer_ids)
+    tasks = {}
+    for task in args.lora_task:
+        set_active_adapter(head, None)
+        base = evaluate(head, args.work_dir, args, task)
+        print(f"{task}: base head {base}", flush=True)
+        add_adapter(head, task, r=args.lora_rank)  # active and trainable; the head and other adapters frozen
+        epochs = train(head, args, task)
+        save_adapter(head, task, args.out / "adapters" / task)
+        tasks[task] = {"sequences": counts[task], "base": base, "epochs": epochs}
+    set_active_adapter(head, None)
+    save_head(head.eval(), args.out)  # the base head's own weights, beside its adapters
+    record = {
+        "commit": commit(),
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "config": head.config.to_dict(),
+        "features": {k: v for k, v in meta.items() if k != "settings"},
+        "tasks": tasks,
+    }
+    (args.out / RECORD_NAME).write_text(json.dumps(record, indent=2, sort_keys=True))
+    print(f"saved the head, adapters/{{{','.join(args.lora_task)}}} and {RECORD_NAME} to {args.out}", flush=True)
+    return record
+
+
+def main(argv=None, target=None) -> dict:
+    """Train and save a head (or, with ``--lora-task``, adapters on a trained head); returns the run's record.
+    `target` (a loaded model) replaces ``--models`` (tests)."""
+    args = parse_args(argv)
+    torch.manual_seed(args.seed)
+    if target is None:
+        from hf_metasd.benchmark.run import load_models
+
+        target, _ = load_models(args.models, args.dtype, args.threads)
+    torch.set_num_threads(args.threads)
+    target.requires_grad_(False)
+    split = read_stores(args.stores, args.tasks, args.max_sequences, args.val_sequences)
+    if args.lora_task:
+        return train_adapters(args, target, split)
+    extra = {} if args.intermediate_size is None else {"intermediate_size": args.intermediate_size}
+    layer_ids = None if args.layer_ids is None else tuple(args.layer_ids)
+    config = FeatureHeadConfig.for_target(target, layer_ids=layer_ids, draft_vocab_size=args.draft_vocab_size, **extra)
+    meta = cache_features(target, args, split, config.layer_ids)
+    head = FeatureHead(config, target.get_input_embeddings(), dtype=torch.float32)
+    head.set_vocab_map(draft_vocabulary(args.work_dir, config.vocab_size, config.draft_vocab_size))
+    untrained = evaluate(head, args.work_dir, args)
+    print(f"untrained: {untrained}", flush=True)
+    epochs = train(head, args)
     save_head(head.eval(), args.out)
     record = {
         "commit": commit(),
