@@ -333,3 +333,42 @@ def test_gpu_check_verdicts_tell_a_shared_mismatch_from_a_failure():
     assert check(Target([a, a]), [], [a, a], [a, a], [True, True], 2)[:2] == ("PASS", [])
     assert check(Target([a, b]), [], [a, a], [a, a], [True, False], 2)[:2] == ("SHARED", [1])
     assert check(Target([b, a]), [], [a, a], [a, a], [True, False], 2)[:2] == ("FAIL", [0])
+
+
+def test_acceptance_matrix_replays_a_feature_head_as_generate_runs_it(target):
+    """The head's table (`head_position_table`), replayed with a fixed draft length, gives the rounds `generate` runs
+    with the head alone: the same tokens accepted each round, the first round abstaining (no feature yet)."""
+    from conftest import greedy, prompts
+    from test_feature_head_drafter import trained_head
+
+    import hf_metasd
+    from hf_metasd.drafters import FeatureHeadDrafter
+
+    matrix = recipe("pools.acceptance_matrix")
+    drafter, n, new = FeatureHeadDrafter(trained_head(target)), 3, 20
+    accepted_somewhere = 0
+    for prompt in prompts(3, seed=5):
+        answer = greedy(target, prompt, new)[0, prompt.shape[1] :].tolist()
+        rows = matrix.position_table(drafter, target, prompt[0].tolist(), answer, n)
+        assert len(rows) == len(answer) and rows[0] == (0, 0, 0.0)
+        replayed, t = [], 0
+        while t < len(rows):
+            replayed.append(min(rows[t][1], n))
+            t += replayed[-1] + 1
+        out = target.generate(
+            prompt,
+            do_sample=False,
+            max_new_tokens=new,
+            custom_generate=hf_metasd.generate,
+            assistant_models=[drafter],
+            meta_policy="fixed",
+            meta_no_draft=False,
+            meta_draft_length="fixed",
+            num_assistant_tokens=n,
+            return_dict_in_generate=True,
+        )
+        assert out.sequences[0, prompt.shape[1] :].tolist() == answer
+        assert out.metasd.accepted == replayed
+        assert matrix.fixed_rounds(rows, n) == (len(replayed), sum(replayed))
+        accepted_somewhere += sum(replayed)
+    assert accepted_somewhere > 0  # the comparison saw accepted drafts, not only misses

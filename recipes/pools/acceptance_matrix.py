@@ -120,6 +120,8 @@ def with_context_lookup(drafters: list, on: bool) -> list:
 @torch.no_grad()
 def position_table(drafter, target, prompt: list[int], answer: list[int], n: int) -> list[tuple[int, int, float]]:
     """For every position t of `answer`: (drafted, accepted, seconds) of `drafter` proposing after prompt+answer[:t]."""
+    if getattr(drafter, "kind", None) == "feature_head":
+        return head_position_table(drafter, target, prompt, answer, n)
     d = drafter.spawn(target)
     rows = []
     for t in range(len(answer)):
@@ -135,6 +137,56 @@ def position_table(drafter, target, prompt: list[int], answer: list[int], n: int
             accepted += 1
         rows.append((len(proposal), accepted, seconds))
     return rows
+
+
+@torch.no_grad()
+def head_position_table(drafter, target, prompt: list[int], answer: list[int], n: int) -> list[tuple[int, int, float]]:
+    """`position_table` of a feature-head drafter. One target pass over ``prompt + answer`` records the features of
+    every position (`FeatureRecorder`, as a verification pass would); before drafting at ``t`` the drafter observes
+    the features it would have by then: positions ``.. P + t - 2`` (the newest token's feature comes with the next
+    pass). At ``t = 0`` no pass has run yet, so the head abstains there, as in `generate`'s first round. The head's
+    drafts are independent of which positions it drafted at before (`FeatureHead.draft` drops its own entries), so
+    one drafter walks the whole answer."""
+    from hf_metasd.feature_head import FeatureRecorder
+
+    ids = torch.tensor([prompt + answer])
+    with FeatureRecorder(target, drafter.layer_ids) as recorder:
+        target(ids)
+    features = recorder.features()
+    d = drafter.spawn(target)
+    rows, observed = [(0, 0, 0.0)], 0
+    for t in range(1, len(answer)):
+        length = len(prompt) + t
+        start = time.perf_counter()
+        d.observe(features[:, observed : length - 1], ids[:, observed + 1 : length], observed)
+        observed = length - 1
+        budget = min(n, len(answer) - t - 1)
+        tokens, _ = d.draft(ids[:, :length], budget) if budget > 0 else (ids[:, :0], None)
+        seconds = time.perf_counter() - start
+        proposal = tokens[0].tolist()
+        accepted = 0
+        while accepted < len(proposal) and proposal[accepted] == answer[t + accepted]:
+            accepted += 1
+        rows.append((len(proposal), accepted, seconds))
+    return rows
+
+
+def feature_head_drafters(target, folders: list[Path]) -> list:
+    """The arms of each head folder (`save_head`'s layout): the base head, named ``head_<folder name>``, and one arm
+    per adapter under ``<folder>/adapters/<task>/`` (the ``--lora-task`` output of train_feature_head.py), named
+    ``head_<folder name>_<task>``; the arms of one folder share one resident head."""
+    from hf_metasd.drafters import FeatureHeadDrafter
+    from hf_metasd.feature_head import load_adapter, load_feature_head
+
+    drafters = []
+    for folder in folders:
+        head = load_feature_head(str(folder), target)
+        adapters = sorted(p for p in (folder / "adapters").glob("*") if p.is_dir())
+        for adapter in adapters:
+            load_adapter(head, adapter, adapter.name)
+        drafters.append(FeatureHeadDrafter(head, name=f"head_{folder.name}"))
+        drafters += [FeatureHeadDrafter(head, adapter=a.name, name=f"head_{folder.name}_{a.name}") for a in adapters]
+    return drafters
 
 
 def fixed_rounds(rows: list[tuple[int, int, float]], n: int) -> tuple[int, int]:
@@ -263,6 +315,12 @@ def parse_args(argv=None):
         action="store_true",
         help=f"also a candidate `{MERGED}`: one corpus drafter over every task's corpus",
     )
+    p.add_argument(
+        "--feature-heads", nargs="*", type=Path, default=[], help="also: feature heads (folders of `save_head`)"
+    )
+    p.add_argument(
+        "--no-corpora", action="store_true", help="leave out the per-task corpora and prompt lookup (heads only)"
+    )
     p.add_argument("--corpus-sizes", nargs="*", type=int, default=[], help="also: corpus size curve (0 = all)")
     p.add_argument(
         "--costs-only",
@@ -302,9 +360,9 @@ def main(argv=None) -> dict:
     pool = load_embedded_pool(target, candidate_pool(args.candidates))
     models = [d for d in pool.drafters if d.kind != "prompt_lookup" and (args.models is None or d.name in args.models)]
     merged = [merged_corpus(args, args.tasks)] if args.merged else []
-    candidates = with_context_lookup(
-        [*corpus_drafters(args, args.tasks), *merged, PromptLookupDrafter(), *models], args.context_lookup
-    )
+    corpora = [] if args.no_corpora else [*corpus_drafters(args, args.tasks), PromptLookupDrafter()]
+    heads = feature_head_drafters(target, args.feature_heads)
+    candidates = with_context_lookup([*corpora, *merged, *models, *heads], args.context_lookup)
     if args.costs_only:
         remeasure_costs(args, target, candidates, answers)
         return {}
@@ -348,7 +406,9 @@ def main(argv=None) -> dict:
             print(f"corpus size {size or 'all'} done", flush=True)
         result["corpus_size_curve"] = curve
         size_curve_plot(curve, result["corpus_tokens"], args.out / "corpus_size_curve.png")
-    models = {d.name: d.kind not in ("prompt_lookup", "corpus") for d in candidates}
+    # drafters that run a model over the tokens others drafted (a catch-up step); a feature head reads the target's
+    # features instead and has nothing to catch up on
+    models = {d.name: d.kind not in ("prompt_lookup", "corpus", "feature_head") for d in candidates}
     torch.save(
         {
             "table": table,

@@ -48,6 +48,7 @@ from recipes.pools.acceptance_matrix import (  # noqa: E402
     MERGED,
     candidate_pool,
     corpus_drafters,
+    feature_head_drafters,
     fixed_rounds,
     merged_corpus,
     with_context_lookup,
@@ -144,6 +145,9 @@ def main(argv=None) -> None:
         default=None,
         help="keep these candidates (in this order) instead of selecting arms; defaults are still tuned on them",
     )
+    parser.add_argument(
+        "--feature-heads", nargs="*", type=Path, default=[], help="the head folders the table was made with"
+    )
     parser.add_argument("--check-prompts", type=int, default=2, help="dev prompts per task for the lossless check")
     args = parser.parse_args(argv)
     start = time.perf_counter()
@@ -205,7 +209,8 @@ def main(argv=None) -> None:
     corpora = {d.name: d for d in corpus_drafters(stores, args.tasks)}
     if MERGED in chosen:
         corpora[MERGED] = merged_corpus(stores, args.tasks)
-    available = {**embedded, **corpora, "prompt_lookup": PromptLookupDrafter()}
+    heads = {d.name: d for d in feature_head_drafters(target, args.feature_heads)}
+    available = {**embedded, **corpora, **heads, "prompt_lookup": PromptLookupDrafter()}
     available = dict(zip(available, with_context_lookup(list(available.values()), args.context_lookup), strict=True))
     drafters = [available[name] for name in chosen]
     pool = DrafterPool(
