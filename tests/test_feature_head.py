@@ -23,6 +23,7 @@ from hf_metasd.feature_head import (
     check_vocab_map,
     default_layer_ids,
     load_feature_head,
+    round_to_bfloat16,
     save_feature_head,
     save_head,
     save_speculators,
@@ -336,6 +337,31 @@ def test_hf_metasd_layout_round_trip_gives_identical_logits(target, head, tmp_pa
         loaded.draft(features, next_ids, 3, cache=loaded.new_cache()),
     )
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_a_head_rounded_to_bfloat16_is_stored_in_half_the_bytes_and_loads_back_unchanged(target, head, tmp_path):
+    import copy
+
+    embedding = target.get_input_embeddings().weight.clone()
+    rounded = round_to_bfloat16(copy.deepcopy(head))
+    assert torch.equal(target.get_input_embeddings().weight, embedding)  # the target's embedding is not the head's
+    assert not torch.equal(rounded.fc.weight, head.fc.weight)  # random float32 weights are no bfloat16 numbers
+    save_head(head, tmp_path / "full")
+    save_head(rounded, tmp_path / "rounded")
+    dtypes = {}
+    for name in ("full", "rounded"):
+        with safe_open(str(tmp_path / name / "feature_head.safetensors"), "pt") as f:
+            dtypes[name] = {key: f.get_slice(key).get_dtype() for key in f.keys()}  # noqa: SIM118
+    assert dtypes["rounded"]["fc.weight"] == "BF16" and dtypes["full"]["fc.weight"] == "F32"
+    assert {k: v for k, v in dtypes["rounded"].items() if v != "BF16"} == {
+        k: v for k, v in dtypes["full"].items() if v != "F32"
+    }  # only the float weights change, the vocabulary maps stay integers
+    sizes = {name: (tmp_path / name / "feature_head.safetensors").stat().st_size for name in dtypes}
+    assert sizes["rounded"] < 0.6 * sizes["full"]
+    loaded = load_feature_head(tmp_path / "rounded", target)
+    assert loaded.fc.weight.dtype == torch.float32
+    for key, tensor in rounded.base_state_dict().items():
+        assert torch.equal(loaded.base_state_dict()[key], tensor), key
 
 
 def speculators_files(target, folder: Path, seed: int = 5) -> dict[str, torch.Tensor]:

@@ -13,7 +13,7 @@ from .adapters import adapter_names, add_adapter, load_adapter, save_adapter, se
 from .config import FeatureHeadConfig, default_layer_ids
 from .features import FeatureRecorder, feature_modules
 from .head import FeatureHead, FeatureHeadCache
-from .layout import load_feature_head, save_feature_head, save_head
+from .layout import load_feature_head, round_to_bfloat16, save_feature_head, save_head
 from .speculators import load_speculators, save_speculators
 from .vocab import check_vocab_map, vocab_map
 
@@ -31,6 +31,7 @@ __all__ = [
     "load_feature_head",
     "load_speculators",
     "save_adapter",
+    "round_to_bfloat16",
     "save_feature_head",
     "save_head",
     "save_speculators",

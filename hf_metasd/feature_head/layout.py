@@ -1,5 +1,10 @@
 """Saving and loading a head: hf_metasd's layout (``feature_head_config.json`` + ``feature_head.safetensors``), and
-a loader that also reads speculators' EAGLE-3 layout (`hf_metasd.feature_head.speculators`)."""
+a loader that also reads speculators' EAGLE-3 layout (`hf_metasd.feature_head.speculators`).
+
+A float32 weight whose every value is a bfloat16 number (``t.to(bfloat16).float() == t``, e.g. a head rounded with
+`round_to_bfloat16` after training) is stored as bfloat16: half the bytes, the same values once loaded (a head
+loads in its target's dtype). Any other weight is stored as it is.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import save_file
 
 from ..errors import InvalidPoolError, MetaSDConfigError
@@ -24,7 +30,37 @@ from .io import (
 )
 from .speculators import load_speculators, save_speculators
 
-__all__ = ["load_feature_head", "save_feature_head", "save_head"]
+__all__ = ["load_feature_head", "round_to_bfloat16", "save_feature_head", "save_head"]
+
+
+def _stored(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` on the CPU, as bfloat16 when that loses nothing (float32 values that are all bfloat16 numbers)."""
+    tensor = tensor.detach().to("cpu").contiguous()
+    if tensor.dtype == torch.float32:
+        compact = tensor.to(torch.bfloat16)
+        if torch.equal(compact.to(torch.float32), tensor):
+            return compact
+    return tensor
+
+
+@torch.no_grad()
+def round_to_bfloat16(head: FeatureHead) -> FeatureHead:
+    """Round `head`'s float weights to the nearest bfloat16 numbers, in place (they keep their dtype), so that it is
+    stored in half the bytes (`save_feature_head`) and what is measured is what is stored. Returns `head`.
+
+    Example:
+        >>> import torch
+        >>> from hf_metasd.feature_head import FeatureHead, FeatureHeadConfig
+        >>> config = FeatureHeadConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4,
+        ...                            num_key_value_heads=2, vocab_size=96, draft_vocab_size=96, layer_ids=(1,))
+        >>> head = round_to_bfloat16(FeatureHead(config, torch.nn.Embedding(96, 32)))
+        >>> _stored(head.fc.weight).dtype, head.fc.weight.dtype
+        (torch.bfloat16, torch.float32)
+    """
+    for tensor in head.base_state_dict().values():
+        if tensor.dtype.is_floating_point:
+            tensor.copy_(tensor.to(torch.bfloat16).to(tensor.dtype))
+    return head
 
 
 # ======================================================================================================================
@@ -34,7 +70,7 @@ def save_feature_head(head: FeatureHead, folder: str | os.PathLike) -> None:
     """Write `head` to `folder` in hf_metasd's layout (the module docstring)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in head.base_state_dict().items()}
+    tensors = {name: _stored(t) for name, t in head.base_state_dict().items()}
     save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
     (folder / CONFIG_NAME).write_text(head.config.to_json())
 
