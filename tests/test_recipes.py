@@ -277,7 +277,17 @@ def test_train_feature_head_learns_the_targets_own_answers_and_saves_a_loadable_
     tokens, _ = head.draft(recorder.features(), torch.cat([prompt[:, 1:], nxt], 1), 3, cache=head.new_cache())
     assert tokens.shape == (1, 3) and bool(head.in_draft_vocab(tokens).all())
     # a second run with the same settings reuses the cached features
-    assert train.main([*argv, "--epochs", "1"], target=target)["features"] == record["features"]
+    second = train.main([*argv, "--epochs", "1"], target=target)  # (it saves over the first head)
+    assert second["features"] == record["features"]
+    # --init-head continues from a saved head (its held-out figures first), --round-bfloat16 stores bfloat16 numbers
+    more = [*argv, "--epochs", "1", "--init-head", str(tmp_path / "head"), "--out", str(tmp_path / "more")]
+    continued = train.main([*more, "--round-bfloat16"], target=target)
+    held_out = {k: v for k, v in second["epochs"][-1].items() if k in continued["untrained"]}
+    assert continued["untrained"] == held_out  # the saved head's own figures, not an untrained head's
+    assert continued["epochs"][-1]["rounded_to_bfloat16"] is True
+    rounded = load_feature_head(tmp_path / "more", target)
+    assert torch.equal(rounded.fc.weight, rounded.fc.weight.bfloat16().float())
+    assert rounded.config == head.config and torch.equal(rounded.d2t, head.d2t)
 
 
 def test_train_feature_head_refuses_missing_stores_and_no_training_sequences(tmp_path):

@@ -72,6 +72,7 @@ from hf_metasd.feature_head import (  # noqa: E402
     FeatureRecorder,
     add_adapter,
     load_feature_head,
+    round_to_bfloat16,
     save_adapter,
     save_head,
     set_active_adapter,
@@ -419,6 +420,12 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the target's dtype")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="1 while another job uses the cores (2 then is ~15x slower)")
+    p.add_argument("--init-head", type=Path, default=None, help="continue training this saved head (more epochs)")
+    p.add_argument(
+        "--round-bfloat16",
+        action="store_true",
+        help="round the trained weights to bfloat16 numbers (stored in half the bytes), then evaluate again",
+    )
     p.add_argument("--lora-task", action="append", default=[], help="train an adapter for this task (repeatable)")
     p.add_argument("--base-head", type=Path, default=None, help="the trained head the adapters adapt (--lora-task)")
     p.add_argument("--lora-rank", type=int, default=16, help="the adapters' LoRA rank")
@@ -532,11 +539,19 @@ def main(argv=None, target=None) -> dict:
     layer_ids = None if args.layer_ids is None else tuple(args.layer_ids)
     config = FeatureHeadConfig.for_target(target, layer_ids=layer_ids, draft_vocab_size=args.draft_vocab_size, **extra)
     meta = cache_features(target, args, split, config.layer_ids)
-    head = FeatureHead(config, target.get_input_embeddings(), dtype=torch.float32)
-    head.set_vocab_map(draft_vocabulary(args.work_dir, config.vocab_size, config.draft_vocab_size))
+    if args.init_head is None:
+        head = FeatureHead(config, target.get_input_embeddings(), dtype=torch.float32)
+        head.set_vocab_map(draft_vocabulary(args.work_dir, config.vocab_size, config.draft_vocab_size))
+    else:  # more epochs for a saved head (its config, vocabulary map and weights; the optimizer starts afresh)
+        head = load_feature_head(args.init_head, target).float().requires_grad_(True)
+        config = head.config
     untrained = evaluate(head, args.work_dir, args)
-    print(f"untrained: {untrained}", flush=True)
+    print(f"{'untrained' if args.init_head is None else 'start'}: {untrained}", flush=True)
     epochs = train(head, args)
+    if args.round_bfloat16:  # what is stored is what is measured: the held-out figures of the rounded head
+        round_to_bfloat16(head)
+        epochs.append({"rounded_to_bfloat16": True, **evaluate(head, args.work_dir, args)})
+        print(json.dumps(epochs[-1]), flush=True)
     save_head(head.eval(), args.out)
     record = {
         "commit": commit(),
