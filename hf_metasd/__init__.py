@@ -5,6 +5,7 @@ Importing the package changes nothing in transformers; call `hf_metasd.enable()`
 """
 
 from ._version import __version__
+from .batched import MetaSDBatchStats
 from .candidate_generator import MetaCandidateGenerator
 from .drafters import (
     CorpusDrafter,
@@ -67,6 +68,7 @@ __all__ = [
     "InvalidPoolError",
     "LoraDrafter",
     "MetaCandidateGenerator",
+    "MetaSDBatchStats",
     "MetaSDConfigError",
     "MetaSDGenerateOutput",
     "MetaSDSettings",

@@ -3,7 +3,7 @@
 
 ```bash
 hf-metasd demo [--prompt TEXT] [--max-new-tokens 96]
-hf-metasd bench [--quick] [--mixed] [--prompts FILE.jsonl] [--out bench_results]
+hf-metasd bench [--quick] [--mixed] [--prompts FILE.jsonl] [--batch-size B] [--out bench_results]
 hf-metasd custom-generate-repo FOLDER [--overwrite]
 ```
 """
@@ -88,6 +88,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE.jsonl",
         help='your own prompts instead of Spec-Bench + HumanEval: one {"task": ..., "prompt": ...} object per line '
         "(--tasks / --per-task select among them; default: all)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=1,
+        help="above 1: MetaSD on batches of this many prompts against plain batched generate (tokens per second; "
+        "model-free drafters only), instead of the methods' comparison",
     )
     p.add_argument("--out", default="bench_results")
     p = sub.add_parser(

@@ -32,6 +32,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationM
 from transformers.utils import ModelOutput
 
 from ._distributed import agreeing
+from .batched import MetaSDBatchStats, generate_batch
 from .candidate_generator import MetaCandidateGenerator
 from .decoding import assisted_decoding, uncached_prompt_length
 from .drafters import as_drafters
@@ -56,9 +57,9 @@ __all__ = ["DEFAULTS", "SETTINGS", "MetaSDGenerateOutput", "disable", "enable", 
 
 @dataclass
 class MetaSDGenerateOutput(GenerateDecoderOnlyOutput):
-    """`GenerateDecoderOnlyOutput` plus `metasd`, the call's `MetaSDStats`."""
+    """`GenerateDecoderOnlyOutput` plus `metasd`, the call's `MetaSDStats` (a `MetaSDBatchStats` for a batch)."""
 
-    metasd: MetaSDStats | None = None
+    metasd: MetaSDStats | MetaSDBatchStats | None = None
 
 
 # ---------------------------------------------------------------------- building a call
@@ -97,11 +98,6 @@ def _check_target(model: Any, generation_config: Any, input_ids: Any) -> None:
         raise MetaSDConfigError(
             f"`num_return_sequences` must be 1 for MetaSD, but is {generation_config.num_return_sequences}. "
             "Call `generate` several times instead."
-        )
-    if input_ids.shape[0] != 1:  # after the beam checks: transformers expands the batch by `num_beams`
-        raise MetaSDConfigError(
-            f"batch size must be 1 for MetaSD (batched drafting is not supported yet), but is {input_ids.shape[0]}. "
-            "Call `generate` once per prompt."
         )
     if getattr(generation_config, "assistant_ensemble_weight", None) is not None:
         raise MetaSDConfigError(
@@ -155,10 +151,13 @@ def build_candidate_generator(
     *,
     pool_defaults: Mapping[str, Any] | None = None,
     priors_from_call: bool = False,
+    cost_key: Any = None,
+    clock: Callable[[], float] | None = None,
 ) -> MetaCandidateGenerator:
     """Check the target and the drafters before any forward pass, and build the call's candidate generator: per-call
     copies of the drafters (`Drafter.spawn`), the policy `settings` name, its priors (`hf_metasd.priors`; a pool's
-    priors apply only under the pool's reward, `pool_defaults`)."""
+    priors apply only under the pool's reward, `pool_defaults`). `cost_key` stands for the target in the per-target
+    caches (default: the target; a batch's rows use `hf_metasd.batched.batch_key`), `clock` is the generator's."""
     if drafters is None:
         raise MetaSDConfigError(
             "`assistant_models` must be given to `hf_metasd.generate`, but is None. "
@@ -176,7 +175,8 @@ def build_candidate_generator(
         settings,
         logits_processor=logits_processor,
         generation_config=generation_config,
-        target=model,
+        target=model if cost_key is None else cost_key,
+        clock=clock,
     )
     learned = set_priors(
         policy,
@@ -274,6 +274,24 @@ def generate(
         )
     drafters, pool_defaults = _pool_from(assistant_models)
     settings = resolve_settings(given, generation_config, pool_defaults)
+    if input_ids.shape[0] > 1:  # a batch: one candidate generator per row (`hf_metasd.batched`)
+        build = functools.partial(
+            build_candidate_generator, pool_defaults=pool_defaults, priors_from_call=given["meta_priors"] is not None
+        )
+        return generate_batch(
+            model,
+            input_ids,
+            drafters,
+            settings,
+            build,
+            output_class=MetaSDGenerateOutput,
+            logits_processor=logits_processor,
+            stopping_criteria=stopping_criteria,
+            generation_config=generation_config,
+            streamer=streamer if streamer is not None else caller.get("streamer"),
+            metasd_streamer=metasd_streamer,
+            model_kwargs=model_kwargs,
+        )
     candidate_generator = build_candidate_generator(
         model,
         generation_config,

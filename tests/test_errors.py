@@ -112,12 +112,14 @@ def test_meta_kwargs_without_pool(target, forward_calls):
     )
 
 
-def test_batch_size_above_one_and_the_suggested_fix(target, drafters, forward_calls):
+def test_model_drafters_at_batch_size_above_one_and_the_suggested_fix(target, drafters, forward_calls):
+    """A batch drafts with model-free drafters only (tests/test_batched.py); the other fix: one call per prompt."""
     batch = torch.cat([PROMPT, PROMPT])
     _raises_before_compute(
         forward_calls,
         MetaSDConfigError,
-        r"batch size must be 1 for MetaSD \(batched drafting is not supported yet\), but is 2\. Call `generate` once",
+        r"`assistant_models` must hold only model-free drafters \(prompt lookup, corpus\) at batch size > 1 .*"
+        r"or call `generate` once per prompt\.",
         lambda: metasd_greedy(target, batch, 5, assistant_models=drafters),
     )
     # the fix: one call per prompt

@@ -292,6 +292,7 @@ def run_benchmark(
     untrained: int = 0,
     policies: Sequence[str] | None = None,
     prompts: str | Path | None = None,
+    batch_size: int = 1,
     print_fn: Callable[[str], None] = print,
 ) -> int:
     """`hf-metasd bench`: every method on Spec-Bench + HumanEval prompts; writes results, a table and plots to `out`.
@@ -304,6 +305,9 @@ def run_benchmark(
     run at about plain decoding speed. `policies` names the `DEFAULT_POLICIES` methods to run besides ``metasd``
     (default: all of them, or the first two with `quick` or `untrained`). Returns 1 if any output differs from
     autoregressive greedy decoding.
+
+    With `batch_size` > 1 it compares MetaSD with the pool's defaults on batches of that many prompts against plain
+    batched `generate` on the same batches instead (`hf_metasd.benchmark.batch`; writes ``batch_results.json``).
     """
     from ..pool import DrafterPool
     from .methods import DEFAULT_POLICIES, build_methods, untrained_drafters
@@ -314,6 +318,8 @@ def run_benchmark(
     # the user's prompts are read (and refused) before any model loads
     prompts_file = prompts
     own_prompts = None if prompts_file is None else load_prompts_file(prompts_file, tasks, per_task)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"`batch_size` must be an int >= 1, but is {batch_size!r}. Use e.g. 4.")
     chosen = select_policies(policies, DEFAULT_POLICIES if not (quick or untrained) else DEFAULT_POLICIES[:2])
     check_drafter_dtype(drafter_dtype, models, pool)
     start = time.perf_counter()
@@ -330,6 +336,8 @@ def run_benchmark(
         prompts = load_bench_prompts(tuple(tasks or BENCH_TASKS), per_task=per_task)
     if mixed:
         prompts = mixed_stream(prompts)
+    if batch_size > 1:
+        return _run_batches(target, tokenizer, prompts, the_pool, batch_size, max_new, out, print_fn)
     num_tokens = num_assistant_tokens or the_pool.num_assistant_tokens
     methods = build_methods(
         the_pool,
@@ -373,3 +381,27 @@ def run_benchmark(
         )
         return 1
     return 0
+
+
+def _run_batches(
+    target: Any,
+    tokenizer: Any,
+    prompts: Sequence[BenchPrompt],
+    pool: Any,
+    batch_size: int,
+    max_new_tokens: int,
+    out: str | Path,
+    print_fn: Callable[[str], None],
+) -> int:
+    """`run_benchmark` with a batch size: MetaSD against plain batched `generate`; 1 if any output differs."""
+    from .batch import run_batch_bench, write_batch_report
+
+    print_fn(
+        f"bench: {len(prompts)} prompts in batches of {batch_size}, max_new_tokens={max_new_tokens}, pool={pool!r}"
+    )
+    records = run_batch_bench(
+        target, tokenizer, prompts, pool, batch_size=batch_size, max_new_tokens=max_new_tokens, print_fn=print_fn
+    )
+    meta = {"batch_size": batch_size, "max_new_tokens": max_new_tokens, "prompts": len(prompts)}
+    print_fn(write_batch_report(records, out, meta))
+    return 1 if any(not r.identical for r in records) else 0

@@ -1,0 +1,216 @@
+"""The draft-and-verify loop of a MetaSD batch: per round, every row that still decodes asks its own candidate
+generator for candidates, **one** target forward pass verifies all of them (`hf_metasd.batched.slots.Slots`), each
+row accepts its own tokens (greedy matching, or per-row speculative sampling), learns from its round, and hands its
+tokens to `hf_metasd.batched.steps.PlainSteps`, which stops every row exactly where plain batched `generate` does.
+
+Each row's candidate generator sees the row as a single request: its tokens without the left padding. Its clock
+(`RowClocks`) runs while the row's own work runs (drafting, learning, its acceptance) and during the shared pass, so
+the costs and rewards it measures are those of its own rounds in this batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import torch
+from transformers.generation.utils import _speculative_sampling
+
+from .. import stats as stats_module
+from .processors import BatchScores
+from .slots import Slots
+from .steps import PlainSteps
+
+__all__ = ["RowClocks", "batched_decoding", "verify_row"]
+
+
+class RowClocks:
+    """One clock per row over one real clock (`hf_metasd.stats.CLOCK`): a row's clock runs only inside `running`
+    blocks that name the row.
+
+    Example:
+        >>> ticks = iter([0.0, 1.0, 1.0, 3.0, 3.0])
+        >>> clocks = RowClocks(2, base=lambda: next(ticks))
+        >>> with clocks.running([0, 1]):  # a shared pass: 1 s for both
+        ...     pass
+        >>> with clocks.running([1]):  # row 1's own work: 2 s
+        ...     pass
+        >>> clocks.clock(0)(), clocks.clock(1)()
+        (1.0, 3.0)
+    """
+
+    def __init__(self, rows: int, base: Callable[[], float] | None = None) -> None:
+        self._base = base
+        self.elapsed = [0.0] * rows
+        self._active: Sequence[int] = ()
+        self._since = 0.0
+
+    def now(self) -> float:
+        return (self._base or stats_module.CLOCK)()
+
+    def clock(self, row: int) -> Callable[[], float]:
+        """Row `row`'s clock (seconds it ran so far)."""
+
+        def read() -> float:
+            return self.elapsed[row] + (self.now() - self._since if row in self._active else 0.0)
+
+        return read
+
+    @contextmanager
+    def running(self, rows: Sequence[int]) -> Iterator[None]:
+        """Run the clocks of `rows` for the block (blocks do not nest)."""
+        self._since, self._active = self.now(), tuple(rows)
+        try:
+            yield
+        finally:
+            spent = self.now() - self._since
+            for row in self._active:
+                self.elapsed[row] += spent
+            self._active = ()
+
+
+def verify_row(
+    draft: torch.LongTensor, draft_logits: torch.Tensor | None, scores: torch.Tensor, do_sample: bool
+) -> tuple[torch.LongTensor, int]:
+    """One row's acceptance, as MetaSD's single-request loop does it: the target's processed `scores` ``(n + 1, V)``
+    at the row's last token and its `n` drafted tokens `draft`; greedy matching, speculative sampling with the
+    drafter's processed `draft_logits` ``(n, V)``, or sampled matching for a drafter without logits. Returns the
+    round's tokens ``(1, a + 1)`` and the number `a` of drafted tokens accepted.
+
+    Example:
+        >>> scores = torch.tensor([[0.0, 5.0, 0.0], [0.0, 0.0, 5.0], [5.0, 0.0, 0.0]])  # the target: 1, then 2, then 0
+        >>> verify_row(torch.tensor([1, 1]), None, scores, do_sample=False)  # accepts 1, rejects the second 1
+        (tensor([[1, 2]]), 1)
+    """
+    n = draft.shape[0]
+    scores = scores[None]
+    if do_sample and draft_logits is not None and n > 0:
+        candidates = draft[None].to(scores.device)
+        tokens, matches = _speculative_sampling(candidates, draft_logits[None].to(scores.device), n, scores)
+        return tokens, int(matches)
+    if do_sample:
+        selected = torch.multinomial(scores[0].softmax(dim=-1), num_samples=1).squeeze(1)[None, :]
+    else:
+        selected = scores.argmax(dim=-1)
+    matches = int(((~(draft[None].to(selected.device) == selected[:, :-1])).cumsum(dim=-1) < 1).sum())
+    return selected[:, : matches + 1], matches
+
+
+def batched_decoding(
+    model: Any,
+    input_ids: torch.LongTensor,
+    *,
+    generators: Sequence[Any],
+    clocks: RowClocks,
+    steps: PlainSteps,
+    scores: BatchScores,
+    generation_config: Any,
+    telemetry: Any = None,
+    **model_kwargs: Any,
+) -> torch.LongTensor:
+    """Decode the batch `input_ids` ``(B, L)`` (checked by `hf_metasd.batched.call`), one candidate generator per row.
+
+    Args:
+        model: the target.
+        generators: ``B`` candidate generators (`MetaCandidateGenerator`), generator `b` for row `b`.
+        clocks: the rows' clocks (the generators read them).
+        steps: the batch's tokens and plain `generate`'s stopping (its criteria and streamer).
+        scores: the call's logits processors over the batch.
+        generation_config: what `generate` prepared (``do_sample``).
+        telemetry: a `MetaSDBatchStats` to record the passes in (optional).
+        model_kwargs: the target's inputs as `generate` prepared them: ``attention_mask`` (or None: no padding),
+            ``position_ids`` (None: the model takes none), ``cache``, ``use_cache``, ``logits_to_keep``.
+
+    Returns:
+        ``(B, L + T)`` the ids plain batched `generate` returns.
+    """
+    batch, length = input_ids.shape
+    mask = model_kwargs.get("attention_mask")
+    mask = torch.ones_like(input_ids) if mask is None else mask
+    cache = model_kwargs["cache"]
+    positions = model_kwargs.get("position_ids")  # None: the model takes none (ALiBi follows the mask itself)
+    takes_positions = positions is not None
+    if positions is None:
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    slots = Slots(mask, positions)
+    prompts = [input_ids[b][mask[b].bool()] for b in range(batch)]  # each request's own tokens
+    do_sample = bool(generation_config.do_sample)
+    takes_keep = "logits_to_keep" in model_kwargs
+    first = True
+    while not steps.finished:
+        if steps.stuck():
+            raise RuntimeError("MetaSD's batch has no row left to decode, but the stopping criteria never fired.")
+        rows = [b for b in slots.rows if steps.needs_tokens(b)]
+        if not first:
+            slots.keep_rows(rows, cache)
+        drafts: list[tuple[torch.LongTensor, torch.Tensor | None]] = []
+        for b in rows:
+            view = torch.cat([prompts[b], steps.new_tokens(b)])[None]
+            with clocks.running([b]):
+                candidates, logits = generators[b].get_candidates(view)
+            drafts.append((candidates[0, view.shape[1] :], None if logits is None else logits[0]))
+
+        # one pass over every row, and the processed scores of every row's positions
+        started = clocks.now()
+        with clocks.running(rows), ExitStack() as timers:
+            for b in rows:
+                timers.enter_context(generators[b].stats.timed("verify"))
+            lead = input_ids if first else torch.stack([steps.row(b)[0, -1:] for b in rows])
+            held = None if first else [steps.produced[b] for b in rows]
+            inputs = slots.round_inputs(lead, [d.tolist() for d, _ in drafts], held)
+            extra = {"logits_to_keep": inputs.keep} if takes_keep else {}
+            if takes_positions:
+                extra["position_ids"] = inputs.positions
+            model_inputs = model.prepare_inputs_for_generation(
+                inputs.ids, cache=cache, attention_mask=inputs.mask, use_cache=True, is_first_iteration=first, **extra
+            )
+            if first:
+                outputs = model(**model_inputs)
+            else:
+                with model._optimize_model_for_decode():
+                    outputs = model(**model_inputs)
+            logits = outputs.logits[:, -inputs.keep :].to(dtype=torch.float32, device=input_ids.device)
+            processed = _processed(scores, steps, rows, [d for d, _ in drafts], logits)
+        if telemetry is not None:
+            telemetry.record_pass(rows, inputs.ids.shape[1], clocks.now() - started)
+
+        # each row accepts its own tokens and learns from its round
+        kept_slots = []
+        for b, (draft, draft_logits), row_scores in zip(rows, drafts, processed):
+            with clocks.running([b]):
+                with generators[b].stats.timed("verify"):
+                    tokens, matches = verify_row(draft, draft_logits, row_scores, do_sample)
+                    # a row can finish while others catch up (a step they complete fires for it): it keeps nothing
+                    kept = steps.add(b, tokens[0]) if steps.needs_tokens(b) else 0
+                if kept:  # a row that finished meanwhile is done learning
+                    view = torch.cat([prompts[b], steps.new_tokens(b)])[None]
+                    generators[b].update_candidate_strategy(view, row_scores[None], matches, num_kept=kept)
+            kept_slots.append(max(kept - 1, 0))
+        crop = slots.after_round(kept_slots)
+        if crop:
+            cache.crop(-crop)
+        first = False
+
+    if telemetry is not None:
+        telemetry.wasted_slots = list(slots.wasted)
+        telemetry.output_tokens = [steps.output_length(b) for b in range(batch)]
+    return steps.sequences()
+
+
+def _processed(
+    scores: BatchScores, steps: PlainSteps, rows: list[int], drafts: list[torch.Tensor], logits: torch.Tensor
+) -> list[torch.Tensor]:
+    """Every row's processed scores ``(n + 1, V)`` at its last token and its `n` drafted tokens (the row as plain
+    `generate` sees it, then its draft), from the pass's `logits` ``(R, W + 1, V)``."""
+    requests = []
+    for r, (b, draft) in enumerate(zip(rows, drafts)):
+        sequence = torch.cat([steps.row(b)[0], draft.to(logits.device)])
+        start = sequence.shape[0] - draft.shape[0]
+        requests += [(b, sequence[: start + i], logits[r, i]) for i in range(draft.shape[0] + 1)]
+    out = scores.process(requests)
+    rows_scores, k = [], 0
+    for draft in drafts:
+        rows_scores.append(torch.stack(out[k : k + draft.shape[0] + 1]))
+        k += draft.shape[0] + 1
+    return rows_scores

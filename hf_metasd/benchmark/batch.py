@@ -1,0 +1,146 @@
+"""``hf-metasd bench --batch-size B``: MetaSD on batches of `B` prompts against plain batched `generate` on the same
+batches (left-padded), tokens per second of the batch, every output checked identical (`hf_metasd.batched`)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..reward_memory import reward_memory_scope
+from .prompts import BenchPrompt
+
+__all__ = ["BatchRecord", "left_pad", "run_batch_bench", "write_batch_report"]
+
+
+@dataclass
+class BatchRecord:
+    """One batch, timed with both methods."""
+
+    prompt_ids: list[str]
+    new_tokens: int  # tokens of the batch's output after the prompts (every row: the same, `min_new_tokens` is set)
+    plain_seconds: float
+    metasd_seconds: float
+    identical: bool
+    rounds: int = 0  # MetaSD's target passes
+    wasted_slots: list[int] = field(default_factory=list)
+    arms: list[dict[str, int]] = field(default_factory=list)  # per row: arm name -> rounds
+
+    @property
+    def speedup(self) -> float:
+        return self.plain_seconds / self.metasd_seconds if self.metasd_seconds else float("nan")
+
+
+def left_pad(rows: Sequence[torch.Tensor], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, attention_mask)`` of the ``(1, L_i)`` `rows`, left-padded with `pad_token_id` to the longest.
+
+    Example:
+        >>> left_pad([torch.tensor([[5, 6]]), torch.tensor([[7]])], 0)
+        (tensor([[5, 6],
+                [0, 7]]), tensor([[1, 1],
+                [0, 1]]))
+    """
+    width = max(row.shape[-1] for row in rows)
+    ids = torch.full((len(rows), width), pad_token_id, dtype=rows[0].dtype)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - row.shape[-1] :] = row.reshape(-1)
+        mask[i, width - row.shape[-1] :] = 1
+    return ids, mask
+
+
+def run_batch_bench(
+    target: Any,
+    tokenizer: Any,
+    prompts: Sequence[BenchPrompt],
+    pool: Any,
+    *,
+    batch_size: int,
+    max_new_tokens: int = 64,
+    encode: Callable[[Any, str], torch.Tensor] | None = None,
+    warm_up_tokens: int = 8,
+    print_fn: Callable[[str], None] | None = None,
+) -> list[BatchRecord]:
+    """Split `prompts` into batches of `batch_size` (the last may be smaller); time plain batched `generate` and MetaSD
+    with `pool` (its defaults) on each, greedy with ``min_new_tokens = max_new_tokens`` (every row the same length, as
+    `run_bench` does). The first batch is first generated untimed with `warm_up_tokens` by both methods."""
+    if encode is None:
+        from .offline import chat_prompt as encode
+    pad = 0
+    if tokenizer is not None:
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    batches = [list(prompts[i : i + batch_size]) for i in range(0, len(prompts), batch_size)]
+    inputs = [left_pad([encode(tokenizer, p.text) for p in batch], pad) for batch in batches]
+    if warm_up_tokens and batches:
+        _both(target, pool, *inputs[0], pad, warm_up_tokens, "metasd-batch warm-up")
+    records = []
+    for number, (batch, (ids, mask)) in enumerate(zip(batches, inputs)):
+        plain, plain_seconds, out, metasd_seconds = _both(target, pool, ids, mask, pad, max_new_tokens, "metasd-batch")
+        stats = out.metasd
+        rows = getattr(stats, "rows", [stats])  # a batch of one gives one `MetaSDStats`
+        records.append(
+            BatchRecord(
+                prompt_ids=[p.id for p in batch],
+                new_tokens=int(plain.shape[0] * (plain.shape[1] - ids.shape[1])),
+                plain_seconds=plain_seconds,
+                metasd_seconds=metasd_seconds,
+                identical=bool(torch.equal(plain, out.sequences)),
+                rounds=stats.rounds,
+                wasted_slots=list(getattr(stats, "wasted_slots", [0])),
+                arms=[_arm_counts(row) for row in rows],
+            )
+        )
+        if print_fn is not None:
+            r = records[-1]
+            print_fn(
+                f"batch {number}: {len(batch)} rows, {r.new_tokens} tokens, plain {r.plain_seconds:.2f}s, MetaSD "
+                f"{r.metasd_seconds:.2f}s ({r.speedup:.2f}x), identical: {r.identical}"
+            )
+    return records
+
+
+def _both(
+    target: Any, pool: Any, ids: torch.Tensor, mask: torch.Tensor, pad: int, tokens: int, scope: str
+) -> tuple[torch.Tensor, float, Any, float]:
+    """Plain batched `generate`, then MetaSD (in reward-memory scope `scope`), greedy, `tokens` new tokens per row:
+    ``(plain ids, its seconds, MetaSD's output, its seconds)``."""
+    from ..generation import generate as metasd_generate
+
+    kwargs = {"do_sample": False, "pad_token_id": pad, "attention_mask": mask}
+    kwargs |= {"max_new_tokens": tokens, "min_new_tokens": tokens}
+    start = time.perf_counter()
+    plain = target.generate(ids, **kwargs)
+    plain_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    with reward_memory_scope(scope):  # what the timed calls learn stays theirs
+        out = target.generate(
+            ids, **kwargs, custom_generate=metasd_generate, assistant_models=pool, return_dict_in_generate=True
+        )
+    return plain, plain_seconds, out, time.perf_counter() - start
+
+
+def _arm_counts(stats: Any) -> dict[str, int]:
+    names = [stats.drafter_names[a] for a in stats.arms]
+    return {name: names.count(name) for name in dict.fromkeys(names)}
+
+
+def write_batch_report(records: Sequence[BatchRecord], out: str | Path, meta: dict[str, Any]) -> str:
+    """Write ``batch_results.json`` in `out` and return the summary line: tokens per second of both methods over
+    every batch."""
+    tokens = sum(r.new_tokens for r in records)
+    plain, metasd = sum(r.plain_seconds for r in records), sum(r.metasd_seconds for r in records)
+    line = (
+        f"batch size {meta.get('batch_size')}: plain batched generate {tokens / plain:.1f} tokens/s, MetaSD "
+        f"{tokens / metasd:.1f} tokens/s ({plain / metasd:.2f}x) over {len(records)} batches, "
+        f"{sum(not r.identical for r in records)} outputs differ"
+    )
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    payload = {"meta": meta, "summary": line, "records": [asdict(r) | {"speedup": r.speedup} for r in records]}
+    (folder / "batch_results.json").write_text(json.dumps(payload, indent=1))
+    return line

@@ -1,0 +1,526 @@
+"""Batched MetaSD (`hf_metasd.batched`): `input_ids` of shape (B, L) with left padding give exactly plain batched
+`generate`'s output (greedy tokens, per-row stopping and padding, stopping-criteria calls, streamed steps), one
+target forward pass per round for the whole batch, sampling per row from the target's distribution; what a batch
+cannot serve is refused before any compute."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import StopOnToken, metasd_greedy, prompts, tiny_llama
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer, TextStreamer
+
+import hf_metasd
+from hf_metasd import MetaSDConfigError
+from hf_metasd.batched import MetaSDBatchStats
+from hf_metasd.drafters import CorpusDrafter, Drafter, PromptLookupDrafter
+from hf_metasd.policies import get_policy
+
+#: rows of different lengths (left-padded in a batch); row 1 repeats itself (prompt lookup finds matches)
+ROWS = [[5, 17, 9], [3, 8, 3, 8, 3, 8, 3], [40, 2, 61, 7, 33, 12, 50, 21, 9, 44, 70]]
+N = 4  # draft length
+
+
+def left_pad(rows: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, mask)`` of `rows` left-padded with `pad` to the longest."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :], mask[i, width - len(row) :] = torch.tensor(row), 1
+    return ids, mask
+
+
+@pytest.fixture(scope="module")
+def continuations(target) -> list[list[int]]:
+    """Each row's own greedy continuation (40 tokens), alone: a corpus that drafts rows 0 and 2 well."""
+    return [target.generate(torch.tensor([r]), do_sample=False, max_new_tokens=40)[0, len(r) :].tolist() for r in ROWS]
+
+
+@pytest.fixture
+def pool(continuations) -> list[Drafter]:
+    corpus = CorpusDrafter.from_sequences([ROWS[0] + continuations[0], ROWS[2] + continuations[2]], name="corpus")
+    return [corpus, PromptLookupDrafter(max_matching_ngram_size=2)]
+
+
+def _plain(target, ids, mask, max_new_tokens, **kwargs):
+    return target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens, **kwargs)
+
+
+def _metasd(target, ids, mask, max_new_tokens, pool, **kwargs):
+    kwargs = {"num_assistant_tokens": N, "return_dict_in_generate": True, **kwargs}
+    return metasd_greedy(target, ids, max_new_tokens, attention_mask=mask, assistant_models=pool, **kwargs)
+
+
+@pytest.fixture
+def forward_calls(target):
+    calls = []
+    handle = target.register_forward_pre_hook(lambda *_: calls.append(1))
+    yield calls
+    handle.remove()
+
+
+# ---------------------------------------------------------------------- greedy: plain batched generate's output
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_is_plain_batched_generate_through_both_entry_points(target, pool, entry_point, batch, forward_calls):
+    ids, mask = left_pad(ROWS[:batch] if batch == 3 else ROWS[1:2])
+    plain = _plain(target, ids, mask, 24)
+    forward_calls.clear()
+    out = _metasd(target, ids, mask, 24, pool)
+    assert torch.equal(out.sequences, plain)
+    if batch > 1:
+        stats = out.metasd
+        assert isinstance(stats, MetaSDBatchStats) and len(stats.rows) == batch
+        # one target forward per round for the whole batch, fewer than plain's 24 steps (drafts were accepted)
+        assert len(forward_calls) == stats.rounds < 24
+        assert max(max(row.accepted) for row in stats.rows) >= 2
+        assert stats.output_tokens == [24] * batch
+        # each row's own policy and rounds; the wasted slots are bounded by the draft length per pass
+        assert all(sum(row.new_tokens) >= 24 for row in stats.rows)
+        assert all(0 <= w <= N * stats.rounds for w in stats.wasted_slots)
+        assert "MetaSD batch of 3" in stats.summary() and stats.to_dict()["rounds"] == stats.rounds
+
+
+def test_greedy_on_random_batches(target, entry_point):
+    """Ten batches of three random prompts (3 to 12 tokens), a corpus of half of their continuations: every output
+    is plain batched generate's (a position or mask off by one slot changes some)."""
+    for seed in range(10):
+        rows = [p[0].tolist() for p in prompts(3, seed=seed)]
+        ids, mask = left_pad(rows)
+        plain = _plain(target, ids, mask, 20)
+        half = [rows[b] + plain[b, ids.shape[1] : ids.shape[1] + 10].tolist() for b in range(3)]
+        pool = [CorpusDrafter.from_sequences(half), PromptLookupDrafter(max_matching_ngram_size=2)]
+        assert torch.equal(_metasd(target, ids, mask, 20, pool).sequences, plain), f"seed {seed}"
+
+
+def _architectures():
+    from test_architectures import ARCHITECTURES
+
+    return sorted(ARCHITECTURES)
+
+
+@pytest.mark.parametrize("family", _architectures())
+def test_the_architecture_matrix_at_batch_size_two(family):
+    """Every attention family of tests/test_architectures.py (rotary, ALiBi, absolute positions, MoE) gives plain
+    batched generate's output; sliding-window, recurrent and hybrid families are refused before any compute."""
+    from test_architectures import ARCHITECTURES, RECURRENT, build
+
+    model = build(family)
+    if family in RECURRENT or "sliding_window" in ARCHITECTURES[family][2]:
+        calls = []
+        model.register_forward_pre_hook(lambda *_: calls.append(1))
+        ids, mask = left_pad(ROWS)
+        match = r"the target's cache must hold full-attention layers only at batch size > 1"
+        _refused(calls, match, lambda: _metasd(model, ids, mask, 8, [PromptLookupDrafter()]))
+        return
+    for seed in range(2):
+        rows = [p[0].tolist() for p in prompts(2, seed=seed)]
+        ids, mask = left_pad(rows)
+        plain = _plain(model, ids, mask, 10)
+        half = [rows[b] + plain[b, ids.shape[1] : ids.shape[1] + 6].tolist() for b in range(2)]
+        pool = [CorpusDrafter.from_sequences(half), PromptLookupDrafter(max_matching_ngram_size=2)]
+        assert torch.equal(_metasd(model, ids, mask, 10, pool).sequences, plain), f"seed {seed}"
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 7])
+def test_max_new_tokens(target, pool, max_new_tokens):
+    ids, mask = left_pad(ROWS)
+    assert torch.equal(
+        _metasd(target, ids, mask, max_new_tokens, pool).sequences, _plain(target, ids, mask, max_new_tokens)
+    )
+
+
+def test_rows_stop_at_their_own_eos_and_are_padded_as_plain_pads_them(target, pool, continuations):
+    ids, mask = left_pad(ROWS)
+    plain = _plain(target, ids, mask, 30)
+    # an EOS list that stops rows at different steps: row 0 early, row 2 later, row 1 maybe never
+    eos = [continuations[0][2], continuations[2][11]]
+    kwargs = {"eos_token_id": eos, "pad_token_id": 0}
+    stopped = _plain(target, ids, mask, 30, **kwargs)
+    out = _metasd(target, ids, mask, 30, pool, **kwargs)
+    assert torch.equal(out.sequences, stopped) and not torch.equal(stopped, plain[:, : stopped.shape[1]])
+    assert out.metasd.output_tokens[0] < stopped.shape[1] - ids.shape[1]  # row 0 ended early, then padding
+
+
+@pytest.mark.parametrize("eos", [None, [95]])
+def test_a_stopping_criterion_is_called_as_plain_generate_calls_it(target, pool, continuations, eos):
+    """Without an EOS criterion plain generate keeps decoding a finished row (no padding) until every row is finished;
+    with one it pads the row, also when the row had run ahead (its drafts accepted). The criterion sees the same
+    batches, once per step."""
+    ids, mask = left_pad(ROWS)
+    token = continuations[2][5]
+    kwargs = {"eos_token_id": eos, "pad_token_id": 0}
+    plain_criterion, meta_criterion = StopOnToken(token), StopOnToken(token)
+    plain = _plain(target, ids, mask, 20, stopping_criteria=StoppingCriteriaList([plain_criterion]), **kwargs)
+    out = _metasd(target, ids, mask, 20, pool, stopping_criteria=StoppingCriteriaList([meta_criterion]), **kwargs)
+    assert torch.equal(out.sequences, plain)
+    assert meta_criterion.calls == plain_criterion.calls
+    steps = plain.shape[1] - ids.shape[1]
+    assert out.metasd.output_tokens[2] == (6 if eos else steps) and steps > 6  # row 2 stopped first
+    assert sum(out.metasd.rows[2].new_tokens) > 6  # after running ahead
+
+
+def test_logits_processors_see_the_batch_as_plain_generate_gives_it(target):
+    """The repetition penalty skips each row's left padding (a per-row tensor built for the batch), no-repeat n-grams
+    and a minimum length read the padded row: processors run on the whole batch, each row in its place."""
+    ids, mask = left_pad(ROWS)
+    kwargs = {"repetition_penalty": 1.3, "no_repeat_ngram_size": 3, "min_new_tokens": 6, "pad_token_id": 0}
+    plain = _plain(target, ids, mask, 16, **kwargs)
+    kwargs["eos_token_id"] = [int(plain[0, ids.shape[1] + 3]), int(plain[1, ids.shape[1] + 8])]  # before the minimum
+    plain = _plain(target, ids, mask, 16, **kwargs)
+    corpus = [ROWS[b] + plain[b, ids.shape[1] :].tolist() for b in range(3)]
+    pool = [CorpusDrafter.from_sequences(corpus), PromptLookupDrafter()]
+    out = _metasd(target, ids, mask, 16, pool, **kwargs)
+    assert torch.equal(out.sequences, plain)
+    assert sum(sum(row.accepted) for row in out.metasd.rows) > 0
+
+
+def test_stop_strings_with_a_tokenizer(target, pool, continuations):
+    from test_generate_features import _tokenizer
+
+    tokenizer = _tokenizer(target.config.vocab_size)
+    ids, mask = left_pad(ROWS)
+    stop = tokenizer.convert_ids_to_tokens([continuations[0][3]])[0]
+    kwargs = {"stop_strings": [stop], "tokenizer": tokenizer, "pad_token_id": 0}
+    plain = _plain(target, ids, mask, 16, **kwargs)
+    hf_metasd.enable()
+    out = target.generate(
+        ids, attention_mask=mask, do_sample=False, max_new_tokens=16, assistant_models=pool, **kwargs
+    )
+    assert torch.equal(out, plain)
+
+
+class Steps(BaseStreamer):
+    """A streamer that takes a batch: records what it is given."""
+
+    def __init__(self):
+        self.puts, self.ended = [], False
+
+    def put(self, value):
+        self.puts.append(value.tolist())
+
+    def end(self):
+        self.ended = True
+
+
+def test_a_batch_streamer_gets_plain_generate_s_steps(target, pool, continuations):
+    ids, mask = left_pad(ROWS)
+    plain, meta = Steps(), Steps()
+    kwargs = {"eos_token_id": [continuations[0][2]], "pad_token_id": 0}
+    _plain(target, ids, mask, 10, streamer=plain, **kwargs)
+    _metasd(target, ids, mask, 10, pool, streamer=meta, **kwargs)
+    assert meta.puts == plain.puts and meta.ended
+
+
+def test_transformers_streamers_refuse_a_batch_as_in_plain_generate(target, pool, forward_calls):
+    ids, mask = left_pad(ROWS)
+    with pytest.raises(ValueError, match="TextStreamer only supports batch size 1"):
+        _plain(target, ids, mask, 5, streamer=TextStreamer(None))
+    forward_calls.clear()
+    with pytest.raises(ValueError, match="TextStreamer only supports batch size 1"):
+        _metasd(target, ids, mask, 5, pool, streamer=TextStreamer(None))
+    with pytest.raises(ValueError, match="TextStreamer only supports batch size 1"):
+        _metasd(target, ids, mask, 5, pool, metasd_streamer=TextStreamer(None))
+    assert not forward_calls
+
+
+def test_rows_learn_from_their_own_rounds(target, pool):
+    """Row 1 repeats itself: prompt lookup drafts it; rows 0 and 2 have the corpus. Each row's policy learns alone."""
+    ids, mask = left_pad(ROWS)
+    stats = _metasd(target, ids, mask, 24, pool, meta_policy="ucb").metasd
+    names = stats.rows[0].drafter_names
+    pulls = [row.pulls for row in stats.rows]
+    assert pulls[0][names.index("corpus")] > 0 and pulls[2][names.index("corpus")] > 0
+    assert len({id(row) for row in stats.rows}) == 3
+
+
+def test_learned_priors_are_kept_per_target_and_batch_size(target, pool):
+    """A batched call's rows start from what earlier calls at the same batch size learnt; calls of one request (or of
+    another batch size) keep theirs apart: a pass over three rows costs what it costs at three."""
+    ids, mask = left_pad(ROWS)
+    first = _metasd(target, ids, mask, 12, pool).metasd
+    assert all(row.learned_priors == {} for row in first.rows)
+    second = _metasd(target, ids, mask, 12, pool).metasd
+    assert all(set(row.learned_priors) == {"corpus", "prompt_lookup", "no_draft"} for row in second.rows)
+    assert _metasd(target, ids[:1], mask[:1], 12, pool).metasd.learned_priors == {}
+    assert all(row.learned_priors == {} for row in _metasd(target, ids[:2], mask[:2], 12, pool).metasd.rows)
+
+
+# ---------------------------------------------------------------------- sampling
+class SampledDrafter(Drafter):
+    """A model-free drafter that samples from a fixed distribution and returns its logits: the speculative-sampling
+    path of verification (the built-in model-free drafters are deterministic)."""
+
+    kind = "sampled"
+    replayable = True
+
+    def __init__(self, logits: torch.Tensor):
+        super().__init__("sampled")
+        self.logits = logits
+
+    def draft(self, input_ids, num_tokens, *, logits_processor=None, do_sample=False):
+        logits = self.logits.expand(1, num_tokens, -1)
+        return torch.multinomial(logits[0].softmax(-1), 1).T, logits
+
+
+@pytest.mark.parametrize("drafter", ["prompt_lookup", "sampled"])
+def test_sampling_follows_the_target_distribution_per_row(drafter):
+    """Many rows of two prompts in one batch: each row's first two sampled tokens follow the target's joint."""
+    scipy_stats = pytest.importorskip("scipy.stats")
+    vocab = 6
+    target = tiny_llama(10, vocab=vocab)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(3.0)
+    if drafter == "sampled":
+        pool = SampledDrafter(torch.tensor([0.0, 2.0, 0.0, 1.0, 1.0, 0.0]))
+    else:
+        pool = PromptLookupDrafter(max_matching_ngram_size=1)
+    texts = [[1, 4, 1, 4, 1], [2, 3]]
+    rows = [texts[i % 2] for i in range(200)]
+    ids, mask = left_pad(rows)
+    counts = torch.zeros(2, vocab, vocab)
+    torch.manual_seed(0)
+    for _ in range(4):
+        out = target.generate(
+            ids,
+            attention_mask=mask,
+            do_sample=True,
+            max_new_tokens=2,
+            custom_generate=hf_metasd.generate,
+            assistant_models=[pool],
+            num_assistant_tokens=2,
+            meta_policy="fixed",  # always the drafter (after the first call's calibration round)
+        )
+        for i in range(len(rows)):
+            counts[i % 2, out[i, -2], out[i, -1]] += 1
+    for p, prompt in enumerate(texts):
+        with torch.no_grad():
+            first = target(torch.tensor([prompt])).logits[0, -1].softmax(-1)
+            second = torch.stack(
+                [target(torch.tensor([prompt + [x]])).logits[0, -1].softmax(-1) for x in range(vocab)]
+            )
+        expected = (first[:, None] * second).flatten().double()
+        observed = counts[p].flatten().double()
+        keep = expected * observed.sum() >= 5
+        obs = torch.cat([observed[keep], observed[~keep].sum()[None]])
+        exp = torch.cat([expected[keep], expected[~keep].sum()[None]]) * observed.sum()
+        obs, exp = obs[exp > 0], exp[exp > 0]
+        assert scipy_stats.chisquare(obs.numpy(), (exp * obs.sum() / exp.sum()).numpy()).pvalue > 1e-3
+
+
+# ---------------------------------------------------------------------- refusals, before any compute
+def _refused(forward_calls, match, fn):
+    forward_calls.clear()
+    with pytest.raises(MetaSDConfigError, match=match):
+        fn()
+    assert not forward_calls, "the error must be raised before any forward pass"
+
+
+def test_a_drafter_with_a_model_is_refused_at_batch_size_above_one(target, drafters, pool, forward_calls):
+    ids, mask = left_pad(ROWS)
+    _refused(
+        forward_calls,
+        r"`assistant_models` must hold only model-free drafters \(prompt lookup, corpus\) at batch size > 1 .*, but "
+        r"drafter 'LlamaForCausalLM' is of kind 'assistant_model'\. Leave it out of batched calls",
+        lambda: _metasd(target, ids, mask, 5, [*pool, drafters[0]]),
+    )
+    # the fix: the model-free drafters alone
+    assert torch.equal(_metasd(target, ids, mask, 5, pool).sequences, _plain(target, ids, mask, 5))
+
+
+def test_a_policy_object_is_refused_at_batch_size_above_one(target, pool, forward_calls):
+    ids, mask = left_pad(ROWS)
+    _refused(
+        forward_calls,
+        r"`meta_policy` must be a policy name at batch size > 1 \(every row learns with a policy of its own\), but is "
+        r"a `UCB` object\. Pass its name",
+        lambda: _metasd(target, ids, mask, 5, pool, meta_policy=get_policy("ucb")),
+    )
+
+
+@pytest.mark.parametrize("output", ["output_scores", "output_logits", "output_hidden_states", "output_attentions"])
+def test_per_step_outputs_are_refused_at_batch_size_above_one(target, pool, forward_calls, output):
+    ids, mask = left_pad(ROWS)
+    _refused(
+        forward_calls,
+        rf"`{output}` must be False at batch size > 1 \(plain `generate` computes them for finished rows too",
+        lambda: _metasd(target, ids, mask, 5, pool, **{output: True}),
+    )
+
+
+def test_the_transposed_kernel_is_refused_at_batch_size_above_one(target, pool, forward_calls):
+    ids, mask = left_pad(ROWS)
+    _refused(
+        forward_calls,
+        r"`meta_skinny_gemm` must be None or False at batch size > 1 .*, but is True\. Drop it\.",
+        lambda: _metasd(target, ids, mask, 5, pool, meta_skinny_gemm=True),
+    )
+
+
+def test_a_sliding_window_target_is_refused_at_batch_size_above_one(pool):
+    torch.manual_seed(0)
+    config = MistralConfig(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=4,
+    )
+    model = MistralForCausalLM(config).eval()
+    calls = []
+    model.register_forward_pre_hook(lambda *_: calls.append(1))
+    ids, mask = left_pad(ROWS)
+    _refused(
+        calls,
+        r"the target's cache must hold full-attention layers only at batch size > 1 .*, but holds "
+        r"DynamicSlidingWindowLayer\. Call `generate` once per prompt",
+        lambda: _metasd(model, ids, mask, 5, pool, pad_token_id=0),
+    )
+
+
+def test_a_filled_cache_is_refused_at_batch_size_above_one(target, pool, forward_calls):
+    from transformers import DynamicCache
+
+    ids, mask = left_pad(ROWS)
+    cache = DynamicCache(config=target.config)
+    with torch.no_grad():
+        target(ids[:, :2], attention_mask=mask[:, :2], cache=cache)
+    _refused(
+        forward_calls,
+        r"`cache` must be empty at batch size > 1 \(a batch starts from its prompts\), but holds 2 positions\.",
+        lambda: _metasd(target, ids, mask, 5, pool, cache=cache),
+    )
+
+
+def test_an_empty_row_is_refused(target, pool, forward_calls):
+    ids, mask = left_pad(ROWS)
+    mask[0] = 0
+    _refused(
+        forward_calls,
+        r"`attention_mask` must keep at least one token of every row, but row 0 has none\. Drop that prompt\.",
+        lambda: _metasd(target, ids, mask, 5, pool),
+    )
+
+
+def test_a_target_config_is_what_plain_uses(pool):
+    """A target with several EOS ids in its generation config: the same padding as plain."""
+    torch.manual_seed(3)
+    model = LlamaForCausalLM(
+        LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4)
+    ).eval()
+    ids, mask = left_pad(ROWS)
+    reference = _plain(model, ids, mask, 12, pad_token_id=0)
+    model.generation_config.eos_token_id = [int(reference[0, -9]), int(reference[2, -5])]
+    model.generation_config.pad_token_id = 0
+    plain = _plain(model, ids, mask, 12)
+    assert torch.equal(_metasd(model, ids, mask, 12, pool).sequences, plain)
+
+
+# ---------------------------------------------------------------------- the benchmark hook
+def test_the_batch_benchmark_times_both_methods_on_the_same_batches(target, pool, tmp_path):
+    from hf_metasd.benchmark.batch import run_batch_bench, write_batch_report
+    from hf_metasd.benchmark.prompts import BenchPrompt
+
+    texts = [*ROWS, ROWS[0][::-1], ROWS[1][:4]]
+    prompts = [BenchPrompt("qa", f"qa/{i}", str(i)) for i in range(len(texts))]
+    records = run_batch_bench(
+        target,
+        None,
+        prompts,
+        pool,
+        batch_size=3,
+        max_new_tokens=6,
+        encode=lambda tokenizer, text: torch.tensor([texts[int(text)]]),
+        warm_up_tokens=2,
+    )
+    assert [r.prompt_ids for r in records] == [["qa/0", "qa/1", "qa/2"], ["qa/3", "qa/4"]]
+    assert all(r.identical for r in records) and [r.new_tokens for r in records] == [18, 12]
+    assert all(r.plain_seconds > 0 and r.metasd_seconds > 0 and r.rounds >= 1 for r in records)
+    assert len(records[0].arms) == 3 and len(records[0].wasted_slots) == 3
+    line = write_batch_report(records, tmp_path, {"batch_size": 3})
+    assert line.startswith("batch size 3: plain batched generate") and line.endswith("0 outputs differ")
+    assert (tmp_path / "batch_results.json").is_file()
+
+
+def test_the_cli_passes_the_batch_size(monkeypatch):
+    import hf_metasd.benchmark.run as run
+    from hf_metasd.cli import main
+
+    original, seen = run.run_benchmark, {}
+    monkeypatch.setattr(run, "run_benchmark", lambda **kwargs: seen.update(kwargs) or 0)
+    assert main(["bench", "--batch-size", "4", "--quick"]) == 0 and seen["batch_size"] == 4
+    with pytest.raises(ValueError, match=r"`batch_size` must be an int >= 1, but is 0\. Use e\.g\. 4\."):
+        original(batch_size=0)  # refused before any model loads
+
+
+def test_other_model_inputs_are_refused_at_batch_size_above_one(target, pool, forward_calls):
+    ids, mask = left_pad(ROWS)
+    embeds = target.get_input_embeddings()(ids).detach()
+    _refused(
+        forward_calls,
+        r"the model inputs must be `input_ids` and `attention_mask` at batch size > 1, but `inputs_embeds` was given\.",
+        lambda: _metasd(target, ids, mask, 5, pool, inputs_embeds=embeds),
+    )
+
+
+def test_what_generate_never_prepares_for_a_text_model_is_refused(target, pool, monkeypatch):
+    """A tensor-parallel target, several position streams, no cache: refused by `check_batch` (called directly; the
+    tiny models here have none of them)."""
+    from transformers import DynamicCache
+
+    import hf_metasd.batched.call as call
+    from hf_metasd.settings import MetaSDSettings
+
+    ids, mask = left_pad(ROWS)
+    kwargs = {"attention_mask": mask, "position_ids": mask.cumsum(-1), "cache": DynamicCache(config=target.config)}
+    config, settings = target.generation_config, MetaSDSettings()
+    call.check_batch(target, config, pool, settings, kwargs)  # as generate prepares them: accepted
+    with pytest.raises(
+        MetaSDConfigError, match=r"the target.s cache must be prepared by `generate` at batch size > 1, but is None"
+    ):
+        call.check_batch(target, config, pool, settings, {**kwargs, "cache": None})
+    with pytest.raises(MetaSDConfigError, match=r"position ids must be 2-D at batch size > 1, but are 3-D"):
+        call.check_batch(target, config, pool, settings, {**kwargs, "position_ids": kwargs["position_ids"][None]})
+    monkeypatch.setattr(call, "tensor_parallel_group", lambda model: object())
+    with pytest.raises(MetaSDConfigError, match=r"batch size must be 1 on a tensor-parallel target, but is above 1"):
+        call.check_batch(target, config, pool, settings, kwargs)
+
+
+def test_plain_steps_refuse_a_row_that_needs_no_tokens_and_see_when_no_row_can_go_on():
+    from transformers import StoppingCriteria
+
+    from hf_metasd.batched.steps import PlainSteps
+
+    class Never(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    steps = PlainSteps(torch.tensor([[1], [2]]), 2, StoppingCriteriaList([Never()]))
+    assert steps.add(0, [3, 4, 5]) == 2 and not steps.needs_tokens(0)  # capped at max_new_tokens
+    with pytest.raises(RuntimeError, match=r"row 0 needs no more tokens, but was given 1\."):
+        steps.add(0, [6])
+    assert not steps.stuck()
+    steps.add(1, [7, 8])
+    assert steps.steps == 2 and steps.stuck()  # every row is full, and the criteria never fired
+
+
+def _padded_to(padded):
+    return lambda n: torch.cat([padded, torch.zeros(2, max(0, n - padded.shape[1]), dtype=torch.long)], 1)[:, :n]
+
+
+def test_a_row_s_processors_take_one_row():
+    from transformers import LogitsProcessorList, MinLengthLogitsProcessor
+
+    from hf_metasd.batched.processors import BatchScores, RowProcessors
+
+    padded = torch.tensor([[0, 5, 6], [7, 8, 9]])
+    scores = BatchScores(LogitsProcessorList([MinLengthLogitsProcessor(5, eos_token_id=2)]), _padded_to(padded))
+    row = RowProcessors(scores, 0, padded[0], prompt_length=2)  # row 0 is [5, 6] with one pad before it
+    out = row(torch.tensor([[5, 6, 4]]), torch.zeros(1, 4))  # seen as [0, 5, 6, 4]: length 4 < 5, EOS forbidden
+    assert torch.isinf(out[0, 2]) and len(row) == 1
+    assert not torch.isinf(row(torch.tensor([[5, 6, 4, 4]]), torch.zeros(1, 4))[0, 2])  # length 5
+    with pytest.raises(ValueError, match=r"a row's processors take one row, but got 2\."):
+        row(padded, torch.zeros(2, 4))
