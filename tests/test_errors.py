@@ -112,20 +112,15 @@ def test_meta_kwargs_without_pool(target, forward_calls):
     )
 
 
-def test_model_drafters_at_batch_size_above_one_and_the_suggested_fix(target, drafters, forward_calls):
-    """A batch drafts with model-free drafters only (tests/test_batched.py); the other fix: one call per prompt."""
+def test_model_drafters_at_batch_size_above_one_draft_per_row(target, drafters):
+    """A batch drafts with every drafter kind, each row with its own copies (tests/test_batched_heads.py): the
+    output is plain batched generate's, and each row's is the row's own."""
     batch = torch.cat([PROMPT, PROMPT])
-    _raises_before_compute(
-        forward_calls,
-        MetaSDConfigError,
-        r"`assistant_models` must hold only model-free drafters \(prompt lookup, corpus\) at batch size > 1 .*"
-        r"or call `generate` once per prompt\.",
-        lambda: metasd_greedy(target, batch, 5, assistant_models=drafters),
-    )
-    # the fix: one call per prompt
+    out = metasd_greedy(target, batch, 5, assistant_models=drafters)
+    assert torch.equal(out, greedy(target, batch, 5))
     for row in batch:
-        out = metasd_greedy(target, row[None], 5, assistant_models=drafters)
-        assert torch.equal(out, greedy(target, row[None], 5))
+        alone = metasd_greedy(target, row[None], 5, assistant_models=drafters)
+        assert torch.equal(alone, greedy(target, row[None], 5))
 
 
 @pytest.mark.parametrize("bad", [0, -2, 2.5])

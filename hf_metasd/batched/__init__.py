@@ -16,13 +16,22 @@ are dropped from the cache. The price is memory: per pass a row wastes at most `
 most the draft length), counted per row in `MetaSDBatchStats.wasted_slots`. It needs full-attention layers (a sliding
 window counts slots, not tokens; a recurrent state cannot skip a slot): other targets are refused at B > 1.
 
-**Drafters.** Model-free drafters (prompt lookup, corpus) draft per row, and the no-draft arm verifies only the row's
-own next token. Drafters with a model keep one KV cache per sequence; they do not draft batched yet and are refused
-at B > 1 (before any compute), as are what a batch cannot return as plain does (`check_batch`).
+**Drafters.** Every drafter drafts per row, with the row's own copy (`Drafter.spawn`: a model drafter's own KV
+cache, a feature head's own cache), and the no-draft arm verifies only the row's own next token. Drafting is not
+batched across rows (a row's draft continues its own cache, of its own length); what a batch cannot return as plain
+does is refused before any compute (`check_batch`). White-box drafters (`FeatureHeadDrafter`) read the target's
+features: the shared pass records them (`FeatureRecorder`), and each row's generator is handed those of the
+positions of its own that it kept, as the single-request loop hands them (`hf_metasd.decoding`).
+
+**Draft lengths follow the batch's pass cost** (`hf_metasd.batched.lengths`): the passes are measured by their
+total width (rows x columns), each row's draft length is chosen with its share of a pass of that many rows, and each
+row's clock is charged its share, so that rows fall back to short drafts or to no draft once verifying more tokens
+costs more than they bring.
 
 Modules: `steps` (plain `generate`'s step-wise stopping over rows that run ahead of each other), `slots` (the
-cache's mask and positions), `processors` (the logits processors over the whole batch, as plain runs them), `loop`
-(the rounds), `telemetry` (`MetaSDBatchStats`), `call` (checks, one generator per row).
+cache's mask and positions), `processors` (the logits processors over the whole batch, as plain runs them),
+`lengths` (the passes' costs, each row's share), `loop` (the rounds), `telemetry` (`MetaSDBatchStats`), `call`
+(checks, one generator per row).
 """
 
 from .call import batch_key, check_batch, generate_batch

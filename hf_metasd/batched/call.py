@@ -24,6 +24,7 @@ from .._distributed import tensor_parallel_group
 from ..drafters import as_drafters
 from ..errors import MetaSDConfigError
 from ..policies import Policy
+from .lengths import PassCosts, RowLengths
 from .loop import RowClocks, batched_decoding
 from .processors import BatchScores, RowProcessors
 from .steps import PlainSteps
@@ -69,15 +70,7 @@ def check_batch(
     model: Any, generation_config: Any, drafters: Sequence[Any], settings: Any, model_kwargs: dict[str, Any]
 ) -> None:
     """Refuse, before any compute, what a batch cannot serve exactly as plain batched `generate` (see the docs page
-    "Batches")."""
-    for drafter in drafters:
-        if not drafter.replayable:
-            raise MetaSDConfigError(
-                "`assistant_models` must hold only model-free drafters (prompt lookup, corpus) at batch size > 1 "
-                "(a drafter with a model keeps one KV cache per sequence and does not draft for a batch yet), but "
-                f"drafter {drafter.name!r} is of kind {drafter.kind!r}. Leave it out of batched calls, or call "
-                "`generate` once per prompt."
-            )
+    "Batches"). Every drafter kind is served: each row drafts with copies of its own (`Drafter.spawn`)."""
     if settings.meta_skinny_gemm:
         raise MetaSDConfigError(
             "`meta_skinny_gemm` must be None or False at batch size > 1 (the transposed product serves passes of a "
@@ -191,6 +184,10 @@ def generate_batch(
         streamer = metasd_streamer  # transformers never saw this one: it gets the prompt here (and refuses a batch
         streamer.put(input_ids.cpu())  # as plain `generate` does, if it takes one row only)
     steps.streamer = streamer
+    # the pass costs every row's draft length reads (`hf_metasd.batched.lengths`)
+    passes = PassCosts(batch, generators[0].num_assistant_tokens, target=key)
+    for generator in generators:
+        generator.lengths = generator.round_length.lengths = RowLengths.adopt(generator.lengths, passes)
     telemetry = MetaSDBatchStats([g.stats for g in generators])
     shared = as_drafters(drafters, model)
     start = clocks.now()
@@ -205,6 +202,7 @@ def generate_batch(
             steps=steps,
             scores=scores,
             generation_config=generation_config,
+            passes=passes,
             telemetry=telemetry,
             **model_kwargs,
         )

@@ -4,8 +4,10 @@ row accepts its own tokens (greedy matching, or per-row speculative sampling), l
 tokens to `hf_metasd.batched.steps.PlainSteps`, which stops every row exactly where plain batched `generate` does.
 
 Each row's candidate generator sees the row as a single request: its tokens without the left padding. Its clock
-(`RowClocks`) runs while the row's own work runs (drafting, learning, its acceptance) and during the shared pass, so
-the costs and rewards it measures are those of its own rounds in this batch.
+(`RowClocks`) runs while the row's own work runs (drafting, learning, its acceptance) and, at the rate of its share
+(`hf_metasd.batched.lengths.PassCosts.weight`), during the shared pass, so the costs and rewards it measures are
+those its own choices cost the batch. When the pool holds drafters that read the target's features, the pass
+records them and each row's generator gets those of its kept positions (`_observe_features`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import torch
 from transformers.generation.utils import _speculative_sampling
 
 from .. import stats as stats_module
+from ..feature_head import FeatureRecorder
+from .lengths import PassCosts
 from .processors import BatchScores
 from .slots import Slots
 from .steps import PlainSteps
@@ -27,23 +31,25 @@ __all__ = ["RowClocks", "batched_decoding", "verify_row"]
 
 class RowClocks:
     """One clock per row over one real clock (`hf_metasd.stats.CLOCK`): a row's clock runs only inside `running`
-    blocks that name the row.
+    blocks that name the row, at the rate the block gives it (its share of a shared pass: `hf_metasd.batched.lengths`).
 
     Example:
-        >>> ticks = iter([0.0, 1.0, 1.0, 3.0, 3.0])
+        >>> ticks = iter([0.0, 1.0, 1.0, 3.0, 3.0, 7.0])
         >>> clocks = RowClocks(2, base=lambda: next(ticks))
         >>> with clocks.running([0, 1]):  # a shared pass: 1 s for both
         ...     pass
         >>> with clocks.running([1]):  # row 1's own work: 2 s
         ...     pass
+        >>> with clocks.running([0, 1], rates=[0.25, 0.5]):  # a pass of 4 s, shared: 1 s and 2 s
+        ...     pass
         >>> clocks.clock(0)(), clocks.clock(1)()
-        (1.0, 3.0)
+        (2.0, 5.0)
     """
 
     def __init__(self, rows: int, base: Callable[[], float] | None = None) -> None:
         self._base = base
         self.elapsed = [0.0] * rows
-        self._active: Sequence[int] = ()
+        self._active: dict[int, float] = {}  # row -> the rate its clock runs at in the current block
         self._since = 0.0
 
     def now(self) -> float:
@@ -53,21 +59,24 @@ class RowClocks:
         """Row `row`'s clock (seconds it ran so far)."""
 
         def read() -> float:
-            return self.elapsed[row] + (self.now() - self._since if row in self._active else 0.0)
+            rate = self._active.get(row)
+            return self.elapsed[row] + (0.0 if rate is None else (self.now() - self._since) * rate)
 
         return read
 
     @contextmanager
-    def running(self, rows: Sequence[int]) -> Iterator[None]:
-        """Run the clocks of `rows` for the block (blocks do not nest)."""
-        self._since, self._active = self.now(), tuple(rows)
+    def running(self, rows: Sequence[int], rates: Sequence[float] | None = None) -> Iterator[None]:
+        """Run the clocks of `rows` for the block, row ``rows[i]``'s at ``rates[i]`` seconds per second (default 1);
+        blocks do not nest."""
+        self._since = self.now()
+        self._active = dict(zip(rows, [1.0] * len(rows) if rates is None else rates))
         try:
             yield
         finally:
             spent = self.now() - self._since
-            for row in self._active:
-                self.elapsed[row] += spent
-            self._active = ()
+            for row, rate in self._active.items():
+                self.elapsed[row] += spent * rate
+            self._active = {}
 
 
 def verify_row(
@@ -106,6 +115,7 @@ def batched_decoding(
     steps: PlainSteps,
     scores: BatchScores,
     generation_config: Any,
+    passes: PassCosts | None = None,
     telemetry: Any = None,
     **model_kwargs: Any,
 ) -> torch.LongTensor:
@@ -118,6 +128,8 @@ def batched_decoding(
         steps: the batch's tokens and plain `generate`'s stopping (its criteria and streamer).
         scores: the call's logits processors over the batch.
         generation_config: what `generate` prepared (``do_sample``).
+        passes: the batch's pass costs, which the rows' draft lengths read (`hf_metasd.batched.lengths`; default:
+            a fresh one, shared with no row).
         telemetry: a `MetaSDBatchStats` to record the passes in (optional).
         model_kwargs: the target's inputs as `generate` prepared them: ``attention_mask`` (or None: no padding),
             ``position_ids`` (None: the model takes none), ``cache``, ``use_cache``, ``logits_to_keep``.
@@ -135,6 +147,10 @@ def batched_decoding(
         positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
     slots = Slots(mask, positions)
     prompts = [input_ids[b][mask[b].bool()] for b in range(batch)]  # each request's own tokens
+    passes = PassCosts(batch, generators[0].num_assistant_tokens) if passes is None else passes
+    # the layers whose inputs white-box drafters read: recorded during each pass only (`hf_metasd.decoding`)
+    layers = dict.fromkeys(ids for generator in generators for ids in generator.feature_layer_ids)
+    recorders = {ids: FeatureRecorder(model, ids) for ids in layers}
     do_sample = bool(generation_config.do_sample)
     takes_keep = "logits_to_keep" in model_kwargs
     first = True
@@ -144,40 +160,58 @@ def batched_decoding(
         rows = [b for b in slots.rows if steps.needs_tokens(b)]
         if not first:
             slots.keep_rows(rows, cache)
+        passes.rows = len(rows)
         drafts: list[tuple[torch.LongTensor, torch.Tensor | None]] = []
         for b in rows:
             view = torch.cat([prompts[b], steps.new_tokens(b)])[None]
             with clocks.running([b]):
                 candidates, logits = generators[b].get_candidates(view)
             drafts.append((candidates[0, view.shape[1] :], None if logits is None else logits[0]))
+        held = [prompts[b].shape[0] + steps.produced[b] for b in rows]  # each row's length before the round
 
-        # one pass over every row, and the processed scores of every row's positions
+        # one pass over every row (each row's clock charged its share), and the processed scores of every row's
+        # positions
+        columns = 1 + max(d.shape[0] for d, _ in drafts)
+        if first:  # the prompts' prefill: shared equally
+            rates = [1 / len(rows)] * len(rows)
+        else:
+            rates = [passes.weight(len(rows), 1 + d.shape[0], columns) for d, _ in drafts]
         started = clocks.now()
-        with clocks.running(rows), ExitStack() as timers:
+        with clocks.running(rows, rates), ExitStack() as timers:
             for b in rows:
                 timers.enter_context(generators[b].stats.timed("verify"))
             lead = input_ids if first else torch.stack([steps.row(b)[0, -1:] for b in rows])
-            held = None if first else [steps.produced[b] for b in rows]
-            inputs = slots.round_inputs(lead, [d.tolist() for d, _ in drafts], held)
+            inputs = slots.round_inputs(
+                lead, [d.tolist() for d, _ in drafts], None if first else [steps.produced[b] for b in rows]
+            )
             extra = {"logits_to_keep": inputs.keep} if takes_keep else {}
             if takes_positions:
                 extra["position_ids"] = inputs.positions
             model_inputs = model.prepare_inputs_for_generation(
                 inputs.ids, cache=cache, attention_mask=inputs.mask, use_cache=True, is_first_iteration=first, **extra
             )
-            if first:
-                outputs = model(**model_inputs)
-            else:
-                with model._optimize_model_for_decode():
+            with ExitStack() as hooks:
+                for recorder in recorders.values():
+                    hooks.enter_context(recorder)
+                if first:
                     outputs = model(**model_inputs)
+                else:
+                    with model._optimize_model_for_decode():
+                        outputs = model(**model_inputs)
+            features = {ids: recorder.features() for ids, recorder in recorders.items()}
+            for recorder in recorders.values():
+                recorder.clear()
             logits = outputs.logits[:, -inputs.keep :].to(dtype=torch.float32, device=input_ids.device)
             processed = _processed(scores, steps, rows, [d for d, _ in drafts], logits)
+        seconds = clocks.now() - started
+        if not first:  # the prefill is no verification pass
+            passes.observe(len(rows), inputs.ids.shape[1], seconds)
         if telemetry is not None:
-            telemetry.record_pass(rows, inputs.ids.shape[1], clocks.now() - started)
+            telemetry.record_pass(rows, inputs.ids.shape[1], seconds)
 
         # each row accepts its own tokens and learns from its round
         kept_slots = []
-        for b, (draft, draft_logits), row_scores in zip(rows, drafts, processed):
+        for r, (b, (draft, draft_logits), row_scores) in enumerate(zip(rows, drafts, processed)):
             with clocks.running([b]):
                 with generators[b].stats.timed("verify"):
                     tokens, matches = verify_row(draft, draft_logits, row_scores, do_sample)
@@ -185,6 +219,10 @@ def batched_decoding(
                     kept = steps.add(b, tokens[0]) if steps.needs_tokens(b) else 0
                 if kept:  # a row that finished meanwhile is done learning
                     view = torch.cat([prompts[b], steps.new_tokens(b)])[None]
+                    if features:
+                        lead_columns = mask[b].nonzero()[:, 0].cpu() if first else torch.zeros(1, dtype=torch.long)
+                        start = 0 if first else held[r] - 1
+                        _observe_features(generators[b], features, r, lead_columns, inputs.lead, kept, view, start)
                     generators[b].update_candidate_strategy(view, row_scores[None], matches, num_kept=kept)
             kept_slots.append(max(kept - 1, 0))
         crop = slots.after_round(kept_slots)
@@ -195,7 +233,32 @@ def batched_decoding(
     if telemetry is not None:
         telemetry.wasted_slots = list(slots.wasted)
         telemetry.output_tokens = [steps.output_length(b) for b in range(batch)]
+        telemetry.pass_costs = passes.summary()
     return steps.sequences()
+
+
+def _observe_features(
+    generator: Any,
+    features: dict[tuple[int, ...], torch.Tensor],
+    r: int,
+    lead_columns: torch.Tensor,
+    lead: int,
+    kept: int,
+    view: torch.LongTensor,
+    start: int,
+) -> None:
+    """Hand row `r`'s candidate generator the features of the positions of its own that this pass fed and it kept,
+    as the single-request loop does (`hf_metasd.decoding`): its `lead_columns` of the pass's `lead` ones (its prompt
+    without padding on the first pass, else its last token), then its first ``kept - 1`` candidates (accepted); the
+    newest kept token's feature comes with the next pass. `start` is the position of the first in the row's `view`
+    ``(1, n)`` (the row without padding, its kept tokens included), which gives the ids that follow each position.
+    Positions past the end of `view` (tokens plain's stopping criteria dropped from a finished row) are left out."""
+    columns = torch.cat([lead_columns, lead + torch.arange(kept - 1)])
+    columns = columns[: max(0, view.shape[1] - 1 - start)]
+    if columns.shape[0] == 0:
+        return
+    observed = {ids: f[r : r + 1, columns.to(f.device)] for ids, f in features.items()}
+    generator.observe_target_features(observed, view[:, start + 1 : start + 1 + columns.shape[0]], start)
 
 
 def _processed(

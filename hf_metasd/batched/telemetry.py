@@ -15,15 +15,19 @@ class MetaSDBatchStats:
     """What a batched call did.
 
     ``rows[b]`` is row `b`'s `MetaSDStats`, as a single-request call reports it (its arms, drafts, rewards, and its
-    seconds: its own drafting and learning plus every pass it was verified in). A row's ``new_tokens`` count the
-    tokens each of its rounds verified; the output may end earlier, where plain `generate`'s stopping criteria fired
-    once the other rows caught up (``output_tokens[b]``: the row's tokens in the output before any padding).
+    seconds: its own drafting and learning plus its share of every pass it was verified in, `hf_metasd.batched.lengths`;
+    its `verification_costs` are its share of a pass of the whole batch by tokens per row). A row's ``new_tokens``
+    count the tokens each of its rounds verified; the output may end earlier, where plain `generate`'s stopping
+    criteria fired once the other rows caught up (``output_tokens[b]``: the row's tokens in the output before any
+    padding).
 
     Per pass (one target forward over the rows that still decode): ``pass_rows[p]`` those rows, ``pass_columns[p]``
     the columns each was fed (its tokens the cache lacked, then the round's longest draft), ``pass_seconds[p]`` its
     time. ``wasted_slots[b]``: the cache slots of row `b`'s that hold no token of its output (its candidates that were
     rejected or shorter than the round's longest kept draft), masked out of its attention; bounded per pass by the
-    draft length (`hf_metasd.batched.slots`).
+    draft length (`hf_metasd.batched.slots`). ``pass_costs``: the smoothed seconds of a pass by its total width
+    (rows x columns) as measured so far at this batch size, from which each row's draft length and its share of each
+    pass follow (`hf_metasd.batched.lengths`).
     """
 
     rows: list[MetaSDStats]
@@ -32,6 +36,7 @@ class MetaSDBatchStats:
     pass_seconds: list[float] = field(default_factory=list)
     wasted_slots: list[int] = field(default_factory=list)
     output_tokens: list[int] = field(default_factory=list)
+    pass_costs: dict[int, float] = field(default_factory=dict)
     wall_seconds: float = 0.0
 
     def record_pass(self, rows: list[int], columns: int, seconds: float) -> None:
@@ -63,6 +68,7 @@ class MetaSDBatchStats:
             "pass_seconds": self.pass_seconds,
             "wasted_slots": self.wasted_slots,
             "output_tokens": self.output_tokens,
+            "pass_costs": self.pass_costs,
             "wall_seconds": self.wall_seconds,
             "rounds": self.rounds,
             "verified_rows": self.verified_rows,

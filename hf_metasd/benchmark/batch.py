@@ -28,6 +28,8 @@ class BatchRecord:
     metasd_seconds: float
     identical: bool
     rounds: int = 0  # MetaSD's target passes
+    verified_rows: int = 0  # token rows MetaSD's passes verified (rows x columns): grows with B x draft length
+    mean_draft: float = 0.0  # tokens drafted per row and round (near 0: the rows fell back to no draft)
     wasted_slots: list[int] = field(default_factory=list)
     arms: list[dict[str, int]] = field(default_factory=list)  # per row: arm name -> rounds
 
@@ -91,6 +93,8 @@ def run_batch_bench(
                 metasd_seconds=metasd_seconds,
                 identical=bool(torch.equal(plain, out.sequences)),
                 rounds=stats.rounds,
+                verified_rows=_verified_rows(stats, ids.shape[1]),
+                mean_draft=sum(sum(row.drafted) for row in rows) / max(1, sum(row.rounds for row in rows)),
                 wasted_slots=list(getattr(stats, "wasted_slots", [0])),
                 arms=[_arm_counts(row) for row in rows],
             )
@@ -99,7 +103,8 @@ def run_batch_bench(
             r = records[-1]
             print_fn(
                 f"batch {number}: {len(batch)} rows, {r.new_tokens} tokens, plain {r.plain_seconds:.2f}s, MetaSD "
-                f"{r.metasd_seconds:.2f}s ({r.speedup:.2f}x), identical: {r.identical}"
+                f"{r.metasd_seconds:.2f}s ({r.speedup:.2f}x), identical: {r.identical}, {r.verified_rows} token rows "
+                f"verified, {r.mean_draft:.2f} tokens drafted per row and round"
             )
     return records
 
@@ -122,6 +127,14 @@ def _both(
             ids, **kwargs, custom_generate=metasd_generate, assistant_models=pool, return_dict_in_generate=True
         )
     return plain, plain_seconds, out, time.perf_counter() - start
+
+
+def _verified_rows(stats: Any, prompt_length: int) -> int:
+    """Token rows MetaSD's passes verified: a batch's (`MetaSDBatchStats.verified_rows`), or one request's (its
+    prompt and first draft, then one token and a draft per round)."""
+    if hasattr(stats, "verified_rows"):
+        return stats.verified_rows
+    return prompt_length + sum(stats.drafted) + stats.rounds - 1
 
 
 def _arm_counts(stats: Any) -> dict[str, int]:

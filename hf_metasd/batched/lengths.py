@@ -1,0 +1,140 @@
+r"""What a row's round costs in a batch: the shared pass measured by its total width, and each row's share of it.
+
+One pass verifies every row that still decodes: :math:`R` rows of :math:`K` columns each (a row's last token and the
+round's longest draft; shorter drafts are padded). Its cost grows with the total width :math:`T = R K`: on a CPU a pass
+over a few tokens costs about a plain step (the weights are read once), but eight rows of four tokens are 32 tokens,
+and past some width every token costs its compute. So the batch measures its passes by total width
+(`PassCosts`: :math:`\hat V(T)`, smoothed, kept per process, target and batch size, interpolated between the
+widths measured), and each row is given its **share**
+
+.. math:: \hat v_R(k) = \hat V(R\,k) / R,
+
+the cost per row of a pass in which every one of the :math:`R` rows verifies :math:`k` tokens, as it would be if every
+row did as this one does. For passes that cost :math:`a + b\,T` it is :math:`a / R + b\,k`: the pass's fixed part
+split between its rows, plus the row's marginal cost, the :math:`b\,k` its own tokens add (the marginal cost alone
+cannot rank lengths: where a pass is all fixed cost, every length would cost nothing). The share is the row's
+
+* **draft length** (`RowLengths`): the row's `DraftLength` chooses with :math:`\hat v_R(k)` as its verification
+  cost, so a length pays only if its expected tokens beat what :math:`R` such rows cost. When the pass is dominated by
+  a fixed cost (:math:`\hat V` flat) that is the single request's choice; when every token costs its compute
+  (:math:`\hat V(T) \propto T`) a draft of :math:`n` costs :math:`n + 1` plain shares, which no draft repays (at most
+  :math:`n + 1` tokens), and rows draft short;
+* **clock** (`hf_metasd.batched.loop.RowClocks`): during a pass of :math:`K` columns that took :math:`S` seconds
+  a row that verified :math:`k` tokens is charged :math:`(S / R) \min(1, \hat V(R k) / \hat V(R K))`: its share, scaled
+  by how the pass went against its estimate. Its round costs, and so its policy's `speed` rewards, are what its own
+  choice costs the batch, and a row's no-draft arm costs :math:`\hat v_R(1)` however far the other rows draft: once
+  verifying more tokens costs more than they bring, the policy falls back to no-draft.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..draft_length import DraftLength
+
+__all__ = ["PassCosts", "RowLengths"]
+
+
+class PassCosts:
+    """The batch's passes: smoothed seconds by total width ``T`` (rows x columns), and each row's share.
+
+    A width measured reads its smoothed seconds; one between two measured widths their linear interpolation; one
+    below the narrowest measured :math:`T_0` reads :math:`\\hat V(T_0)\\, T / T_0` and one above the widest its
+    seconds (a wider pass is taken to cost no less, a narrower one at least its share per token): optimistic at both
+    ends, so that a length that might pay is tried before it is judged, as `DraftLength` tries unmeasured lengths.
+
+    Args:
+        batch_size: rows of the call (the widest pass has ``batch_size * (max_tokens + 1)`` tokens).
+        max_tokens: the call's `num_assistant_tokens`.
+        target: the key of the target at this batch size (`hf_metasd.batched.batch_key`): what earlier calls
+            measured there is read and extended; ``None``: nothing is shared across calls.
+        smoothing: the estimates' exponential smoothing.
+
+    Example:
+        >>> passes = PassCosts(batch_size=2, max_tokens=2)
+        >>> passes.row_seconds(2)            # nothing measured
+        [None, None, None]
+        >>> passes.observe(2, 1, 1.0); passes.observe(2, 3, 2.0)  # 2 rows x 1 and x 3 columns
+        >>> passes.row_seconds(2)            # V(2)/2, V(4)/2 (between V(2) and V(6)), V(6)/2
+        [0.5, 0.75, 1.0]
+        >>> passes.seconds(1), passes.seconds(5), passes.seconds(8)  # below, between and above what was measured
+        (0.5, 1.75, 2.0)
+        >>> passes.weight(2, 1, 3)           # a row of 1 token in a pass of 3 columns: 1/2 * V(2) / V(6)
+        0.25
+    """
+
+    def __init__(self, batch_size: int, max_tokens: int, *, target: Any = None, smoothing: float = 0.3) -> None:
+        self.batch_size, self.max_tokens = batch_size, max_tokens
+        # a one-arm `DraftLength` keeps the measurements (smoothed, per process and target): by total width here
+        self._table = DraftLength(
+            1, batch_size * (max_tokens + 1) - 1, keys=["batch passes"], target=target, smoothing=smoothing
+        )
+        self._measured: list[tuple[int, float]] | None = None  # (width, seconds), sorted, until the next pass
+        #: rows of the coming pass (the loop sets it before the rows draft)
+        self.rows = batch_size
+
+    def observe(self, rows: int, columns: int, seconds: float) -> None:
+        """Fold in a pass over `rows` rows of `columns` columns that took `seconds`."""
+        self._table.observe_verification(rows * columns, seconds)
+        self._measured = None
+
+    def seconds(self, width: int) -> float | None:
+        """:math:`\\hat V(T)` for ``T = width`` (see the class docstring), or ``None`` while nothing is measured."""
+        if self._measured is None:
+            self._measured = sorted(self._table.summary().items())
+        measured = self._measured
+        if not measured:
+            return None
+        below = [(t, v) for t, v in measured if t <= width]
+        above = [(t, v) for t, v in measured if t >= width]
+        if not below:
+            return above[0][1] * width / above[0][0]
+        if not above:
+            return below[-1][1]
+        (t0, v0), (t1, v1) = below[-1], above[0]
+        return v0 if t1 == t0 else v0 + (v1 - v0) * (width - t0) / (t1 - t0)
+
+    def row_seconds(self, rows: int) -> list[float | None]:
+        """:math:`\\hat v_R(k) = \\hat V(R k) / R` for ``k = 1 .. max_tokens + 1`` at ``R = rows``."""
+        return [None if (v := self.seconds(rows * k)) is None else v / rows for k in range(1, self.max_tokens + 2)]
+
+    def weight(self, rows: int, tokens: int, columns: int) -> float:
+        """The share of a pass of `rows` rows and `columns` columns charged to a row that verified `tokens` of them:
+        ``min(1, V(rows * tokens) / V(rows * columns)) / rows`` (``tokens / columns / rows`` while nothing is
+        measured)."""
+        mine, whole = self.seconds(rows * tokens), self.seconds(rows * columns)
+        ratio = tokens / columns if mine is None or whole is None or whole <= 0 else mine / whole
+        return min(1.0, ratio) / rows
+
+    def summary(self) -> dict[int, float]:
+        """Measured seconds of a pass by its total width (telemetry)."""
+        return self._table.summary()
+
+
+class RowLengths(DraftLength):
+    """A batch row's `DraftLength`: its arms' acceptance and drafting costs as for one request, its verification
+    costs the shares of the batch's passes (`PassCosts.row_seconds` at the coming pass's rows). The loop measures the
+    passes; what the row's own clock saw of them is not folded in (`observe_verification` does nothing).
+
+    Build it with `adopt`, from the `DraftLength` the row's candidate generator made."""
+
+    passes: PassCosts
+
+    @classmethod
+    def adopt(cls, lengths: DraftLength, passes: PassCosts) -> RowLengths:
+        """`lengths` (its settings, counts and caches, shared) reading its verification costs from `passes`."""
+        row = cls.__new__(cls)
+        row.__dict__.update(lengths.__dict__)
+        row.passes = passes
+        return row
+
+    def observe_verification(self, num_tokens: int, seconds: float) -> None:
+        """Nothing: the batch measures its passes (`PassCosts.observe`)."""
+
+    def verification_seconds(self) -> list[float | None]:
+        """:math:`\\hat v_R(k)` for ``k = 1 .. N + 1`` (see the module docstring)."""
+        return self.passes.row_seconds(self.passes.rows)
+
+    def summary(self) -> dict[int, float]:
+        """The row's share :math:`\\hat v_B(k)` of a pass of the whole batch, by tokens per row (telemetry)."""
+        return {k: v for k, v in enumerate(self.passes.row_seconds(self.passes.batch_size), 1) if v is not None}
