@@ -2,8 +2,7 @@ r"""`MetaCandidateGenerator`: transformers' candidate-generator contract over a 
 
 Each round is a fixed sequence of named steps, split over the contract's two methods:
 
-``get_candidates``: `_start_round` -> `_select` (the round's context, `_context`, for a policy that `uses_context`;
-the policy's arm, or the calibration round) -> `_draft` (the arm
+``get_candidates``: `_start_round` -> `_select` (the policy's arm, or the calibration round) -> `_draft` (the arm
 catches up and drafts the length chosen for it; an arm that abstains hands the round to `Policy.fallback`) ->
 `_start_verification` (the kernel of the target's pass, `hf_metasd.kernels.VerificationKernels`) -> candidates.
 
@@ -46,7 +45,7 @@ from .drafters import Drafter, unique_names
 from .errors import MetaSDConfigError, MetaSDTypeError, PolicyArmError
 from .feedback import Replay, replay_applies, replayed_feedback
 from .kernels import VerificationKernels
-from .policies import Policy, RoundContext
+from .policies import Policy
 from .reward_memory import RewardMemory
 from .rewards import RoundFeedback, is_cost_aware, reward_name
 from .round_rewards import RoundRewards
@@ -210,10 +209,6 @@ class MetaCandidateGenerator(CandidateGenerator):
             if replay_applies(settings.meta_replay, do_sample=self.do_sample, reward=reward, policy=policy)
             else None
         )
-        # a contextual policy's arms that report their match (`match_length`: model-free drafters), and the context
-        # of every round by its start (a replayed round's side observation is learnt in its own round's context)
-        self.match_arms = [a for a, d in enumerate(self.drafters) if callable(getattr(d, "match_length", None))]
-        self.contexts: dict[int, RoundContext] | None = {} if policy.uses_context else None
         self._pending: _Round | None = None
         self._last_arm: int | None = None
         self._seen: set[int] = set()
@@ -224,7 +219,7 @@ class MetaCandidateGenerator(CandidateGenerator):
     ) -> tuple[torch.LongTensor, torch.Tensor | None]:
         """Select an arm, let it draft; returns ``(1, L + n)`` candidate ids and ``(1, n, V)`` logits or None."""
         round_ = self._start_round(input_ids)
-        round_.arm = self._select(round_.first, input_ids)
+        round_.arm = self._select(round_.first)
         self._draft(round_, input_ids)
         self._start_verification(round_)
         if round_.tokens is None:
@@ -241,25 +236,13 @@ class MetaCandidateGenerator(CandidateGenerator):
             )
         return _Round(first=self.stats.rounds == 0, start=input_ids.shape[1], started=started)
 
-    def _select(self, first: bool, input_ids: torch.LongTensor) -> int:
+    def _select(self, first: bool) -> int:
         """The policy's arm; the no-draft arm for the calibration round (`RoundRewards.calibrating`)."""
-        if self.contexts is not None:
-            with self.stats.timed("policy"):
-                self._context(input_ids)
         if self.rewards.calibrating(first):
             return self.no_draft_arm
         with self.stats.timed("policy"):
             choice = self.policy.select()
         return self._check_arm(choice, "select")
-
-    def _context(self, input_ids: torch.LongTensor) -> None:
-        """The round's `RoundContext` (each model-free arm's `match_length` on the sequence; nothing is drafted, and
-        the drafter remembers its search for the draft), kept by the round's start and handed to the policy."""
-        lengths: list[int | None] = [None] * self.num_arms
-        for arm in self.match_arms:
-            lengths[arm] = int(self.drafters[arm].match_length(input_ids))
-        self.contexts[input_ids.shape[1]] = context = RoundContext(lengths)
-        self.policy.set_context(context)
 
     def _check_arm(self, choice: Any, method: str) -> int:
         try:
@@ -448,24 +431,23 @@ class MetaCandidateGenerator(CandidateGenerator):
         with self.stats.timed("replay"):
             for replayed, accepted in self.replay.decided(sequence):
                 self.lengths.observe_acceptance(replayed.arm, len(replayed.tokens), accepted, replayed.match_class)
-                feedback = replayed_feedback(
-                    replayed,
-                    accepted,
-                    sequence,
-                    vocab_size,
-                    num_assistant_tokens=self.num_assistant_tokens,
-                    arm_seconds=self.costs.estimate(replayed.arm),
-                    plain_seconds=plain,
+                decided.append(
+                    replayed_feedback(
+                        replayed,
+                        accepted,
+                        sequence,
+                        vocab_size,
+                        num_assistant_tokens=self.num_assistant_tokens,
+                        arm_seconds=self.costs.estimate(replayed.arm),
+                        plain_seconds=plain,
+                    )
                 )
-                decided.append((replayed.start, feedback))
-        observed = [(start, f.arm, value) for start, f in decided if (value := self.rewards.value(f)) is not None]
+        observed = [(f.arm, value) for f in decided if (value := self.rewards.value(f)) is not None]
         if self.no_draft and round_.arm != self.no_draft_arm and plain is not None:
-            observed.append((round_.start, self.no_draft_arm, self.rewards.plain_value(plain, vocab_size)))
-        for start, arm, value in observed:
-            if self.contexts is not None:  # learnt in the context of the round it replays
-                self.policy.set_context(self.contexts[start])
+            observed.append((self.no_draft_arm, self.rewards.plain_value(plain, vocab_size)))
+        for arm, value in observed:
             self.rewards.tell(arm, value, side=True)
-        return [(arm, value) for _, arm, value in observed]
+        return observed
 
     def _record(self, round_: _Round, accepted: int, kept: int, reward: float | None) -> None:
         """The round's telemetry (`MetaSDStats`)."""

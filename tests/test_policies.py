@@ -29,7 +29,6 @@ from hf_metasd.policies import (
 )
 
 BUILTINS = [
-    "contextual_ucb",
     "discounted_ucb",
     "epsilon_greedy",
     "exp3",

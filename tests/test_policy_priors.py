@@ -23,7 +23,6 @@ from hf_metasd.policies import (
 )
 
 SUPPORTED = {
-    "contextual_ucb",
     "discounted_ucb",
     "epsilon_greedy",
     "sliding_window_ucb",
@@ -67,7 +66,7 @@ def test_policies_without_means_refuse_a_prior(name):
     with pytest.raises(
         TypeError,
         match=rf"`set_prior` needs a policy that estimates a mean reward per drafter, but '{name}' \(\w+\) does not\. "
-        r"Use one of \['contextual_ucb', 'discounted_ucb', 'epsilon_greedy', .*'ucb_v'\], or do not set a prior\.",
+        r"Use one of \['discounted_ucb', 'epsilon_greedy', .*'ucb_v'\], or do not set a prior\.",
     ):
         policy.set_prior([0.5, 0.5])
     assert policy.prior_means is None

@@ -26,7 +26,7 @@ from hf_metasd.policies.base import setting
 BUILTINS = sorted(
     n for n, cls in POLICY_REGISTRY.items() if cls.__module__.startswith("hf_metasd.policies.")
 )  # collected before any test registers its own
-UNIT_REWARD = {"contextual_ucb", "discounted_ucb", "exp3", "hedge", "sliding_window_ucb", "thompson", "ucb", "ucb_v"}
+UNIT_REWARD = {"discounted_ucb", "exp3", "hedge", "sliding_window_ucb", "thompson", "ucb", "ucb_v"}
 ANY_REWARD = {"epsilon_greedy", "fixed", "random", "round_robin", "successive_halving", "ucb_scaled"}
 
 

@@ -35,7 +35,6 @@ DEFAULT_POLICIES: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     ("exp3", "exp3", "speed", {}),
     ("thompson", "thompson", "speed", {}),
     ("successive_halving", "successive_halving", "speed", {}),
-    ("contextual_ucb", "contextual_ucb", "speed", {}),
     ("random", "random", "speed", {}),
     ("metasd (stock kernels)", None, None, {"meta_skinny_gemm": False}),
     ("metasd (fixed draft length)", None, None, {"meta_draft_length": "fixed"}),

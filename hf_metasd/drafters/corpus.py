@@ -39,7 +39,7 @@ import struct
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -94,16 +94,6 @@ def _check_fraction(name: str, value: Any, example: float) -> float:
     if not isinstance(value, (int, float, np.floating)) or isinstance(value, bool):
         raise TypeError(f"`{name}` must be a float, but is {type(value).__name__} {value!r}. Use e.g. {example}.")
     return check_real(name, float(value), low=0.0, high=1.0, hint=f"Use e.g. {example}.")
-
-
-class _Search(NamedTuple):
-    """What `CorpusDrafter._search` found for one context."""
-
-    corpus: int  # the longest suffix of the context in the corpus (static and online), in tokens
-    found: list[tuple[CorpusIndex, int, int]]  # each index holding it, and its range [lo, hi) there
-    context: int  # with context lookup: the longest suffix that also ends earlier in the context (0: none, or off)
-    ids: np.ndarray | None  # with context lookup: the context
-    ends: np.ndarray | None  # ... and where that suffix's earlier occurrences end
 
 
 def _vote(rows: list[list[int]], num_tokens: int, min_frequency: float) -> list[int]:
@@ -339,11 +329,9 @@ class CorpusDrafter(CandidateDrafter):
             )
 
     def reset(self) -> None:
-        """Per-call telemetry and remembered search, assigned fresh (the indexes and the online store are shared by
-        `spawn` copies)."""
+        """Per-call telemetry, assigned fresh (the indexes and the online store are shared by `spawn` copies)."""
         self.last_match_length = 0
         self.last_support = 0
-        self._last_search: tuple[Any, _Search] | None = None  # (the context's key, `_search`'s answer)
 
     def on_generation_end(self, sequence: torch.LongTensor, prompt_length: int) -> None:
         """With ``online_tokens > 0``: add ``sequence[0, prompt_length:]`` to the online store (thread-safe).
@@ -367,18 +355,29 @@ class CorpusDrafter(CandidateDrafter):
         if num_tokens < 1 or len(context) == 0:
             self.last_match_length = self.last_support = 0
             return []
-        search = self._search(context)
-        best, found, m = search.corpus, search.found, search.context
+        tail = [int(t) for t in context[-self.max_match_length :]]
+        query = struct.pack(f">{len(tail)}I", *reversed(tail))
+        indexes = [self.index] if self._online is None else [self.index, self._online.index()]
+        best, found = 0, []
+        for index in indexes:
+            m, lo, hi = index.match(query)
+            if m > best:
+                best, found = m, [(index, lo, hi)]
+            elif m == best and m > 0:
+                found.append((index, lo, hi))
         support = sum(hi - lo for _, lo, hi in found)
         self.last_match_length, self.last_support = best, support
         if best < self.min_match_length:
             found, support = [], 0
         rows: list[list[int]] = []
-        if m > 0 and (m >= best or not found):  # the context's match is as long, or the corpus's cannot draft
-            if m > best or not found:  # ... longer, or alone: the corpus's occurrences do not vote
-                found, support = [], 0
-            rows = context_continuations(search.ids, search.ends, self.max_occurrences, num_tokens)
-            self.last_match_length, self.last_support = max(m, best), support + len(rows)
+        if self.context_lookup:
+            ids = np.asarray(context, dtype=np.int64)
+            m, ends = context_match(ids, self.max_match_length)
+            if m > 0 and (m >= best or not found):  # the context's match is as long, or the corpus's cannot draft
+                if m > best or not found:  # ... longer, or alone: the corpus's occurrences do not vote
+                    found, support = [], 0
+                rows = context_continuations(ids, ends, self.max_occurrences, num_tokens)
+                self.last_match_length, self.last_support = max(m, best), support + len(rows)
         if not found and not rows:
             return []
         for index, lo, hi in found:
@@ -386,58 +385,13 @@ class CorpusDrafter(CandidateDrafter):
             rows += index.continuations(lo, hi, share, num_tokens)
         return _vote(rows, num_tokens, self.min_frequency)
 
-    def match_length(self, input_ids: torch.LongTensor) -> int:
-        """The length of the context suffix a `draft` on `input_ids` ``(1, L)`` would continue, without drafting:
-        the ``last_match_length`` it would leave, or 0 where it would abstain for want of a match (the corpus's
-        shorter than `min_match_length`, no context match). The search is remembered, so that the draft (or a
-        replayed round's proposal) on the same sequence does not repeat it. For a contextual policy
-        (`hf_metasd.policies.RoundContext`).
-
-        Example:
-            >>> drafter = CorpusDrafter.from_sequences([[1, 2, 3, 4, 5]])
-            >>> drafter.match_length(torch.tensor([[9, 2, 3]])), drafter.match_length(torch.tensor([[9, 3]]))
-            (2, 0)
-        """
-        if input_ids.shape[-1] == 0:
-            return 0
-        search = self._search(self._context(input_ids))
-        best, m = search.corpus, search.context
-        if m > 0 and (m >= best or best < self.min_match_length):
-            return max(m, best)
-        return best if best >= self.min_match_length else 0
-
-    def _search(self, context: Sequence[int] | np.ndarray) -> _Search:
-        """The longest suffix match of `context` in the corpus (static and online) and, with `context_lookup`, in
-        the context itself; the last context's search is remembered (`match_length` then `draft` search once)."""
-        ids = np.array(context, dtype=np.int64) if self.context_lookup else None  # a copy: the search keeps it
-        tail = [int(t) for t in context[-self.max_match_length :]]
-        online = None if self._online is None else self._online.index()
-        key = (ids.tobytes() if ids is not None else tuple(tail), online)
-        if self._last_search is not None and self._last_search[0] == key:
-            return self._last_search[1]
-        query = struct.pack(f">{len(tail)}I", *reversed(tail))
-        best, found = 0, []
-        for index in [self.index] if online is None else [self.index, online]:
-            m, lo, hi = index.match(query)
-            if m > best:
-                best, found = m, [(index, lo, hi)]
-            elif m == best and m > 0:
-                found.append((index, lo, hi))
-        m, ends = context_match(ids, self.max_match_length) if ids is not None else (0, None)
-        search = _Search(best, found, m, ids, ends)
-        self._last_search = (key, search)
-        return search
-
-    def _context(self, input_ids: torch.LongTensor) -> Any:
-        """What `propose` reads of `input_ids` ``(1, L)``: the whole context with `context_lookup`, else its tail."""
-        if self.context_lookup:
-            return input_ids[0].detach().cpu().numpy()
-        return input_ids[0, -self.max_match_length :].tolist()
-
     def candidates(self, input_ids: torch.LongTensor, num_tokens: int, is_allowed: IsAllowed | None) -> torch.Tensor:
         """`propose` on the context of `input_ids` ``(1, L)``, as a tensor cut where `is_allowed` forbids a token."""
-        proposal = self.propose(self._context(input_ids), num_tokens)
-        proposal = torch.tensor(proposal, dtype=input_ids.dtype, device=input_ids.device)
+        if self.context_lookup:
+            context: Any = input_ids[0].detach().cpu().numpy()
+        else:
+            context = input_ids[0, -self.max_match_length :].tolist()
+        proposal = torch.tensor(self.propose(context, num_tokens), dtype=input_ids.dtype, device=input_ids.device)
         return allowed_prefix(proposal, input_ids, is_allowed)
 
     def __repr__(self) -> str:

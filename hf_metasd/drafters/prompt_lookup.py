@@ -8,7 +8,6 @@ down to 1, take the last ``n`` tokens, find their occurrences in the sequence le
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,7 +22,6 @@ __all__ = [
     "PromptLookupDrafter",
     "forbidden_tokens",  # from `hf_metasd.drafters.candidates`, where they live
     "logits_processor_filter",
-    "ngram_occurrences",
     "prompt_lookup_candidates",
 ]
 
@@ -37,7 +35,6 @@ def prompt_lookup_candidates(
     max_matching_ngram_size: int = 2,
     *,
     is_allowed: IsAllowed | None = None,
-    occurrences: Callable[[int], list[int]] | None = None,
 ) -> torch.Tensor:
     """Tokens that followed the earliest earlier occurrence of the sequence's last n-gram (transformers' semantics).
 
@@ -48,7 +45,6 @@ def prompt_lookup_candidates(
         is_allowed: optional ``f(prefix (1, L'), candidates (n,)) -> (n,) bool``: the proposal is cut before the first
             candidate that is not allowed (transformers uses the logits processors for this), and a match whose
             first token is not allowed is skipped.
-        occurrences: optional ``f(n)``: `ngram_occurrences` of `input_ids` for ``n`` (a drafter remembers them).
 
     Returns:
         ``(n,)`` proposed ids, ``0 <= n <= num_output_tokens`` (empty when nothing matches).
@@ -65,9 +61,11 @@ def prompt_lookup_candidates(
     """
     ids = input_ids.reshape(1, -1)
     length = ids.shape[1]
-    find = occurrences if occurrences is not None else (lambda n: ngram_occurrences(ids, n))
     for ngram_size in range(min(max_matching_ngram_size, length - 1), 0, -1):
-        for idx in find(ngram_size):
+        windows = ids.unfold(dimension=1, size=ngram_size, step=1)
+        ngram = ids[0, -ngram_size:]
+        match_indices = (windows == ngram).all(dim=2).nonzero(as_tuple=True)[1]
+        for idx in match_indices.tolist():
             start = idx + ngram_size
             end = min(start + num_output_tokens, length)
             if start >= end:
@@ -77,18 +75,6 @@ def prompt_lookup_candidates(
                 continue  # transformers: no valid token here -> look for another match
             return chosen
     return ids[0, :0]
-
-
-def ngram_occurrences(ids: torch.Tensor, ngram_size: int) -> list[int]:
-    """The start positions, ascending, of every occurrence in `ids` ``(1, L)`` of its last `ngram_size` tokens (the
-    last is that n-gram itself).
-
-    Example:
-        >>> ngram_occurrences(torch.tensor([[5, 6, 7, 5, 6]]), 2)
-        [0, 3]
-    """
-    windows = ids.unfold(dimension=1, size=ngram_size, step=1)
-    return (windows == ids[0, -ngram_size:]).all(dim=2).nonzero(as_tuple=True)[1].tolist()
 
 
 @register_drafter_kind
@@ -132,11 +118,6 @@ class PromptLookupDrafter(CandidateDrafter):
         super().__init__(name)
         self.max_matching_ngram_size = max_matching_ngram_size
         self.num_output_tokens = num_output_tokens
-        self.reset()
-
-    def reset(self) -> None:
-        """Forget the remembered n-gram search (assigned fresh: `spawn` copies do not share it)."""
-        self._last_search: tuple[Any, dict[int, list[int]]] | None = None  # (the sequence's key, n -> occurrences)
 
     def config(self) -> dict[str, Any]:
         return {"max_matching_ngram_size": self.max_matching_ngram_size, "num_output_tokens": self.num_output_tokens}
@@ -156,44 +137,4 @@ class PromptLookupDrafter(CandidateDrafter):
     def candidates(self, input_ids: torch.LongTensor, num_tokens: int, is_allowed: IsAllowed | None) -> torch.Tensor:
         """`prompt_lookup_candidates` for at most `num_tokens` (and `num_output_tokens`) tokens."""
         limit = num_tokens if self.num_output_tokens is None else min(num_tokens, self.num_output_tokens)
-        return prompt_lookup_candidates(
-            input_ids,
-            limit,
-            self.max_matching_ngram_size,
-            is_allowed=is_allowed,
-            occurrences=self._occurrences(input_ids.reshape(1, -1)),
-        )
-
-    def match_length(self, input_ids: torch.LongTensor) -> int:
-        """The length of the n-gram a `draft` on `input_ids` ``(1, L)`` would continue, without drafting: the longest
-        ``n <= max_matching_ngram_size`` whose last ``n`` tokens occur earlier with a token after them, 0 where none
-        does (it would abstain). The call's logits processors can make a draft skip that match for a shorter one.
-        The search is remembered, so that the draft (or a replayed round's proposal) on the same sequence does not
-        repeat it. For a contextual policy (`hf_metasd.policies.RoundContext`).
-
-        Example:
-            >>> drafter = PromptLookupDrafter(max_matching_ngram_size=3)
-            >>> drafter.match_length(torch.tensor([[5, 6, 7, 8, 6, 7]])), drafter.match_length(torch.tensor([[1, 2]]))
-            (2, 0)
-        """
-        ids = input_ids.reshape(1, -1)
-        length = ids.shape[1]
-        occurrences = self._occurrences(ids)
-        for ngram_size in range(min(self.max_matching_ngram_size, length - 1), 0, -1):
-            if occurrences(ngram_size)[0] < length - ngram_size:  # an occurrence before the n-gram itself
-                return ngram_size
-        return 0
-
-    def _occurrences(self, ids: torch.Tensor) -> Callable[[int], list[int]]:
-        """`ngram_occurrences` of `ids` ``(1, L)`` by n-gram size, remembered for the last sequence searched."""
-        key = (ids.dtype, ids.detach().cpu().numpy().tobytes())
-        if self._last_search is None or self._last_search[0] != key:
-            self._last_search = (key, {})
-        found = self._last_search[1]
-
-        def occurrences(ngram_size: int) -> list[int]:
-            if ngram_size not in found:
-                found[ngram_size] = ngram_occurrences(ids, ngram_size)
-            return found[ngram_size]
-
-        return occurrences
+        return prompt_lookup_candidates(input_ids, limit, self.max_matching_ngram_size, is_allowed=is_allowed)

@@ -5,8 +5,6 @@ Importing this package registers every built-in policy (one module each, with it
 """
 
 from .base import Policy, PolicySettings
-from .context import RoundContext
-from .contextual_ucb import ContextualUCB, ContextualUCBSettings
 from .discounted_ucb import DiscountedUCB, DiscountedUCBSettings
 from .epsilon_greedy import EpsilonGreedy, EpsilonGreedySettings
 from .exp3 import EXP3, EXP3Settings
@@ -27,8 +25,6 @@ __all__ = [
     "POLICY_REGISTRY",
     "UCB",
     "UCBV",
-    "ContextualUCB",
-    "ContextualUCBSettings",
     "DiscountedUCB",
     "DiscountedUCBSettings",
     "EXP3Settings",
@@ -41,7 +37,6 @@ __all__ = [
     "Policy",
     "PolicySettings",
     "RandomPolicy",
-    "RoundContext",
     "RoundRobin",
     "ScaledUCB",
     "ScaledUCBSettings",

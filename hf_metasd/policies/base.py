@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from .._validation import check_real, check_unit_reward
-from .context import RoundContext
 from .mapping import POLICY_REGISTRY
 from .settings import PolicySettings, setting
 
@@ -95,9 +94,6 @@ class Policy(ABC):
     arm_state: ClassVar[Mapping[str, type]] = {}
     #: *h* for policies whose maths assumes rewards in ``[0, h]`` (what `reward_bound` returns); ``None``: any reward.
     max_reward: ClassVar[float | None] = None
-    #: True for policies that choose by the round's `RoundContext`: the candidate generator then builds one before
-    #: each round's `select` and hands it to `set_context` (for the others it computes none).
-    uses_context: ClassVar[bool] = False
     #: The settings of this instance; a policy without knobs keeps this empty default.
     settings: PolicySettings = PolicySettings()
 
@@ -237,9 +233,6 @@ class Policy(ABC):
         if self.learns_side_observations:
             self.update(arm, reward)
             self.t -= 1  # a sample, not a round
-
-    def set_context(self, context: RoundContext | None) -> None:
-        """Take the context of the next round (policies that `uses_context`, e.g. ``contextual_ucb``); ignored here."""
 
     def update_all(self, rewards: Mapping[int, float]) -> None:
         """Full-information update: `rewards` maps arms to (counterfactual) rewards observed this round.
