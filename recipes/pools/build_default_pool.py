@@ -207,8 +207,9 @@ def main(argv=None) -> None:
     embedded = {d.name: d for d in load_embedded_pool(target, candidate_pool(args.candidates)).drafters}
     stores = argparse.Namespace(outputs=args.outputs)
     corpora = {d.name: d for d in corpus_drafters(stores, args.tasks)}
-    if MERGED in chosen:
+    if MERGED in chosen and MERGED not in embedded:  # the candidate pool's own corpus_all (the table's) comes first
         corpora[MERGED] = merged_corpus(stores, args.tasks)
+    corpora = {name: d for name, d in corpora.items() if name not in embedded}
     heads = {d.name: d for d in feature_head_drafters(target, args.feature_heads)}
     available = {**embedded, **corpora, **heads, "prompt_lookup": PromptLookupDrafter()}
     available = dict(zip(available, with_context_lookup(list(available.values()), args.context_lookup), strict=True))
