@@ -13,7 +13,8 @@ from test_batched import ROWS, _metasd, _plain, left_pad
 from test_feature_head_drafter import trained_head
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from hf_metasd.batched.lengths import PassCosts, RowLengths
+import hf_metasd.batched.loop
+from hf_metasd.batched.lengths import DraftingGuard, PassCosts, RowLengths
 from hf_metasd.draft_length import DraftLength
 from hf_metasd.drafters import CorpusDrafter, Drafter, EarlyExitDrafter, FeatureHeadDrafter, LoraDrafter
 
@@ -186,6 +187,21 @@ def _scripts(target, ids, mask, *starts: int | None) -> tuple[torch.Tensor, Scri
     return plain, Script(*[(rows[b], len(ROWS[b]) + s) for b, s in enumerate(starts) if s is not None])
 
 
+@pytest.fixture
+def always_drafting(monkeypatch):
+    """The batch's `DraftingGuard` replaced by one that always drafts and plays no plain round: the tests that use
+    it isolate the rows' shares of a pass from the guard (tested on its own below)."""
+
+    class AlwaysDrafting(DraftingGuard):
+        def drafting(self, first):
+            return True
+
+        def observe(self, **kwargs):
+            pass
+
+    monkeypatch.setattr(hf_metasd.batched.loop, "DraftingGuard", AlwaysDrafting)
+
+
 def _charge_tokens(fake_clock, target, cost):
     """The fake clock advances `cost(T)` per target pass over T tokens in all (rows x columns)."""
 
@@ -195,7 +211,7 @@ def _charge_tokens(fake_clock, target, cost):
     return target.register_forward_pre_hook(hook, with_kwargs=True)
 
 
-def test_a_row_is_charged_its_share_of_each_pass(target, fake_clock):
+def test_a_row_is_charged_its_share_of_each_pass(target, fake_clock, always_drafting):
     """A pass costs T units for T tokens (every token its compute). Row 0 drafts 4 tokens a round, rows 1 and 2 none:
     each pass of 3 rows x 5 columns costs 15, of which row 0 is charged 15 / 3 and a row that verified one token
     15 / 3 x V(3) / V(15) = 1, the same as in a pass where no row drafts: what its choice costs the batch."""
@@ -216,7 +232,7 @@ def test_a_row_is_charged_its_share_of_each_pass(target, fake_clock):
 
 
 @pytest.mark.parametrize("cost", ["flat", "per_token"])
-def test_rows_draft_short_when_every_token_costs_its_compute(target, fake_clock, cost):
+def test_rows_draft_short_when_every_token_costs_its_compute(target, fake_clock, cost, always_drafting):
     """With passes that cost the same whatever their width the rows draft the cap; with passes whose every token
     costs its compute a draft of n costs n + 1 plain shares, which no draft repays: the rows draft one token."""
     ids, mask = left_pad(ROWS)
@@ -233,7 +249,7 @@ def test_rows_draft_short_when_every_token_costs_its_compute(target, fake_clock,
     assert drafted[-5:-1] == ([4] * 4 if cost == "flat" else [1] * 4)
 
 
-def test_a_row_that_starts_drafting_late_reads_what_the_batch_s_passes_measured(target, fake_clock):
+def test_a_row_that_starts_drafting_late_reads_what_the_batch_s_passes_measured(target, fake_clock, always_drafting):
     """Row 2 has nothing to draft before its 10th token; by then row 0's passes measured that every token costs its
     compute, and row 2's first draft is one token (a row learning only from its own passes would draft the cap)."""
     ids, mask = left_pad(ROWS)
@@ -246,6 +262,31 @@ def test_a_row_that_starts_drafting_late_reads_what_the_batch_s_passes_measured(
     assert torch.equal(out.sequences, plain)
     drafted = out.metasd.rows[2].drafted
     assert drafted[:10] == [0] * 10 and set(drafted[10:-1]) == {1}
+
+
+@pytest.mark.parametrize("cost", ["flat", "per_token"])
+def test_the_batch_stops_drafting_once_it_measures_slower_than_plain_rounds(target, fake_clock, cost):
+    """The round after the prefill is plain (no row drafts); then the batch drafts, and where every token costs its
+    compute (a pass of T tokens costs T) drafting rounds cost more per token than that plain round, so after 4 of them
+    the batch runs plain rounds to the end; where a pass costs the same whatever its width, it drafts to the end.
+    The output is plain's either way."""
+    ids, mask = left_pad(ROWS)
+    plain, script = _scripts(target, ids, mask, 0)
+    handle = _charge_tokens(fake_clock, target, (lambda t: 1.0) if cost == "flat" else float)
+    try:
+        out = _metasd(target, ids, mask, 40, [script], meta_policy="fixed", meta_draft_length="fixed")
+    finally:
+        handle.remove()
+    stats = out.metasd
+    assert torch.equal(out.sequences, plain)
+    assert stats.pass_columns[1] == 1  # the plain round
+    if cost == "flat":
+        assert stats.drafting_stopped_after is None and stats.plain_tokens == [1, 1, 1]
+        assert set(stats.rows[0].drafted[:-1]) == {4}  # row 0 drafts 4 a round to its end
+    else:
+        assert stats.drafting_stopped_after == 4
+        assert stats.pass_columns[2:6] == [5] * 4 and set(stats.pass_columns[6:]) == {1}
+        assert stats.plain_tokens[1] == 40 - sum(stats.rows[1].new_tokens) and len(stats.rows[0].drafted) == 5
 
 
 @pytest.mark.parametrize("eos", [None, [95]])

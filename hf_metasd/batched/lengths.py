@@ -32,7 +32,7 @@ from typing import Any
 
 from ..draft_length import DraftLength
 
-__all__ = ["PassCosts", "RowLengths"]
+__all__ = ["DraftingGuard", "PassCosts", "RowLengths"]
 
 
 class PassCosts:
@@ -138,3 +138,62 @@ class RowLengths(DraftLength):
     def summary(self) -> dict[int, float]:
         """The row's share :math:`\\hat v_B(k)` of a pass of the whole batch, by tokens per row (telemetry)."""
         return {k: v for k, v in enumerate(self.passes.row_seconds(self.passes.batch_size), 1) if v is not None}
+
+
+class DraftingGuard:
+    r"""Whether the batch drafts at all: drafting stops for the rest of the call once it measures slower than plain.
+
+    A row's policy weighs its own arms; nothing in it sees the batch's whole round, whose pass is as wide as the
+    longest draft and which ends only when the slowest row has its tokens. So the batch measures both ways itself:
+
+    1. the first round after the prefill is a **plain round** (no row drafts: every row verifies its next token, as
+       plain `generate` does): its wall seconds :math:`S_0` over its :math:`R_0` rows give plain's cost per row-token
+       at that batch, :math:`p = S_0 / R_0`;
+    2. then rounds draft, and while :math:`R_0` rows still decode the guard sums their wall seconds :math:`\sum S`
+       (drafting, the pass and acceptance) and the tokens they gave the rows, :math:`\sum n`. After `min_rounds`
+       such rounds, and after each one from then on, drafting stops for good once :math:`\sum S / \sum n > p`: the
+       batch then runs plain rounds only. Once rows have finished, the batch is not the one :math:`p` was measured
+       on, and the decision stands.
+
+    A plain round is plain decoding (one token per row, verified by the target): output is unchanged either way.
+
+    Args:
+        min_rounds: drafting rounds measured before the guard may stop drafting.
+
+    Example:
+        >>> guard = DraftingGuard(min_rounds=2)
+        >>> guard.drafting(first=False)       # the plain round that measures p
+        False
+        >>> guard.observe(drafted=False, seconds=0.4, tokens=4, rows=4)   # p = 0.1 s per row-token
+        >>> guard.drafting(first=False); guard.observe(drafted=True, seconds=0.5, tokens=6, rows=4)
+        True
+        >>> guard.drafting(first=False); guard.observe(drafted=True, seconds=0.7, tokens=4, rows=4)
+        True
+        >>> guard.drafting(first=False)       # 1.2 s for 10 tokens: slower than plain's 0.1 s per token
+        False
+    """
+
+    def __init__(self, min_rounds: int = 4) -> None:
+        self.min_rounds = min_rounds
+        self.plain_seconds: float | None = None  # p, seconds per row-token of the plain round
+        self.plain_rows = 0  # R_0
+        self.seconds, self.tokens, self.rounds = 0.0, 0, 0
+        self.stopped_after: int | None = None  # drafting rounds before the guard stopped drafting (telemetry)
+
+    def drafting(self, first: bool) -> bool:
+        """Whether the coming round drafts (the prefill round drafts, as the single-request loop's first round)."""
+        if first:
+            return True
+        return self.plain_seconds is not None and self.stopped_after is None
+
+    def observe(self, *, drafted: bool, seconds: float, tokens: int, rows: int) -> None:
+        """Fold in a round (not the prefill) over `rows` rows that took `seconds` and gave them `tokens` in all."""
+        if not drafted:
+            if self.plain_seconds is None and tokens > 0:
+                self.plain_seconds, self.plain_rows = seconds / tokens, rows
+            return
+        if rows != self.plain_rows:  # rows have finished: not the batch p was measured on
+            return
+        self.seconds, self.tokens, self.rounds = self.seconds + seconds, self.tokens + tokens, self.rounds + 1
+        if self.rounds >= self.min_rounds and self.seconds > self.plain_seconds * self.tokens:
+            self.stopped_after = self.rounds

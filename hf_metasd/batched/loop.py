@@ -21,7 +21,7 @@ from transformers.generation.utils import _speculative_sampling
 
 from .. import stats as stats_module
 from ..feature_head import FeatureRecorder
-from .lengths import PassCosts
+from .lengths import DraftingGuard, PassCosts
 from .processors import BatchScores
 from .slots import Slots
 from .steps import PlainSteps
@@ -116,6 +116,7 @@ def batched_decoding(
     scores: BatchScores,
     generation_config: Any,
     passes: PassCosts | None = None,
+    guard: DraftingGuard | None = None,
     telemetry: Any = None,
     **model_kwargs: Any,
 ) -> torch.LongTensor:
@@ -130,6 +131,8 @@ def batched_decoding(
         generation_config: what `generate` prepared (``do_sample``).
         passes: the batch's pass costs, which the rows' draft lengths read (`hf_metasd.batched.lengths`; default:
             a fresh one, shared with no row).
+        guard: whether the batch drafts at all (`hf_metasd.batched.lengths.DraftingGuard`: a plain round measures
+            plain's cost, and drafting stops once it measures slower; default: a fresh one).
         telemetry: a `MetaSDBatchStats` to record the passes in (optional).
         model_kwargs: the target's inputs as `generate` prepared them: ``attention_mask`` (or None: no padding),
             ``position_ids`` (None: the model takes none), ``cache``, ``use_cache``, ``logits_to_keep``.
@@ -148,6 +151,8 @@ def batched_decoding(
     slots = Slots(mask, positions)
     prompts = [input_ids[b][mask[b].bool()] for b in range(batch)]  # each request's own tokens
     passes = PassCosts(batch, generators[0].num_assistant_tokens) if passes is None else passes
+    guard = DraftingGuard() if guard is None else guard
+    plain_tokens = [0] * batch  # tokens each row got in plain rounds (telemetry)
     # the layers whose inputs white-box drafters read: recorded during each pass only (`hf_metasd.decoding`)
     layers = dict.fromkeys(ids for generator in generators for ids in generator.feature_layer_ids)
     recorders = {ids: FeatureRecorder(model, ids) for ids in layers}
@@ -161,8 +166,12 @@ def batched_decoding(
         if not first:
             slots.keep_rows(rows, cache)
         passes.rows = len(rows)
+        round_started, drafting = clocks.now(), guard.drafting(first)
         drafts: list[tuple[torch.LongTensor, torch.Tensor | None]] = []
         for b in rows:
+            if not drafting:  # a plain round: the row verifies its next token only, its generator sits it out
+                drafts.append((input_ids.new_empty(0), None))
+                continue
             view = torch.cat([prompts[b], steps.new_tokens(b)])[None]
             with clocks.running([b]):
                 candidates, logits = generators[b].get_candidates(view)
@@ -210,7 +219,7 @@ def batched_decoding(
             telemetry.record_pass(rows, inputs.ids.shape[1], seconds)
 
         # each row accepts its own tokens and learns from its round
-        kept_slots = []
+        kept_slots, tokens_given = [], 0
         for r, (b, (draft, draft_logits), row_scores) in enumerate(zip(rows, drafts, processed)):
             with clocks.running([b]):
                 with generators[b].stats.timed("verify"):
@@ -223,17 +232,24 @@ def batched_decoding(
                         lead_columns = mask[b].nonzero()[:, 0].cpu() if first else torch.zeros(1, dtype=torch.long)
                         start = 0 if first else held[r] - 1
                         _observe_features(generators[b], features, r, lead_columns, inputs.lead, kept, view, start)
-                    generators[b].update_candidate_strategy(view, row_scores[None], matches, num_kept=kept)
+                    if drafting:
+                        generators[b].update_candidate_strategy(view, row_scores[None], matches, num_kept=kept)
             kept_slots.append(max(kept - 1, 0))
+            tokens_given += kept
+            plain_tokens[b] += 0 if drafting else kept
         crop = slots.after_round(kept_slots)
         if crop:
             cache.crop(-crop)
+        if not first:
+            guard.observe(drafted=drafting, seconds=clocks.now() - round_started, tokens=tokens_given, rows=len(rows))
         first = False
 
     if telemetry is not None:
         telemetry.wasted_slots = list(slots.wasted)
         telemetry.output_tokens = [steps.output_length(b) for b in range(batch)]
         telemetry.pass_costs = passes.summary()
+        telemetry.drafting_stopped_after = guard.stopped_after
+        telemetry.plain_tokens = plain_tokens
     return steps.sequences()
 
 

@@ -37,6 +37,8 @@ class MetaSDBatchStats:
     wasted_slots: list[int] = field(default_factory=list)
     output_tokens: list[int] = field(default_factory=list)
     pass_costs: dict[int, float] = field(default_factory=dict)
+    drafting_stopped_after: int | None = None
+    plain_tokens: list[int] = field(default_factory=list)
     wall_seconds: float = 0.0
 
     def record_pass(self, rows: list[int], columns: int, seconds: float) -> None:
@@ -69,6 +71,8 @@ class MetaSDBatchStats:
             "wasted_slots": self.wasted_slots,
             "output_tokens": self.output_tokens,
             "pass_costs": self.pass_costs,
+            "drafting_stopped_after": self.drafting_stopped_after,
+            "plain_tokens": self.plain_tokens,
             "wall_seconds": self.wall_seconds,
             "rounds": self.rounds,
             "verified_rows": self.verified_rows,
