@@ -434,6 +434,7 @@ def test_the_batch_benchmark_times_both_methods_on_the_same_batches(target, pool
     assert all(r.plain_seconds > 0 and r.metasd_seconds > 0 and r.rounds >= 1 for r in records)
     assert len(records[0].arms) == 3 and len(records[0].wasted_slots) == 3
     assert all(r.verified_rows >= r.new_tokens and r.mean_draft >= 0 for r in records)
+    assert all(r.drafting_stopped_after is None or r.drafting_stopped_after >= 4 for r in records)  # the guard's
     line = write_batch_report(records, tmp_path, {"batch_size": 3})
     assert line.startswith("batch size 3: plain batched generate") and line.endswith("0 outputs differ")
     assert (tmp_path / "batch_results.json").is_file()

@@ -32,6 +32,7 @@ class BatchRecord:
     mean_draft: float = 0.0  # tokens drafted per row and round (near 0: the rows fell back to no draft)
     wasted_slots: list[int] = field(default_factory=list)
     arms: list[dict[str, int]] = field(default_factory=list)  # per row: arm name -> rounds
+    drafting_stopped_after: int | None = None  # the batch stopped drafting after so many rounds (None: it did not)
 
     @property
     def speedup(self) -> float:
@@ -97,6 +98,7 @@ def run_batch_bench(
                 mean_draft=sum(sum(row.drafted) for row in rows) / max(1, sum(row.rounds for row in rows)),
                 wasted_slots=list(getattr(stats, "wasted_slots", [0])),
                 arms=[_arm_counts(row) for row in rows],
+                drafting_stopped_after=getattr(stats, "drafting_stopped_after", None),
             )
         )
         if print_fn is not None:
@@ -105,6 +107,7 @@ def run_batch_bench(
                 f"batch {number}: {len(batch)} rows, {r.new_tokens} tokens, plain {r.plain_seconds:.2f}s, MetaSD "
                 f"{r.metasd_seconds:.2f}s ({r.speedup:.2f}x), identical: {r.identical}, {r.verified_rows} token rows "
                 f"verified, {r.mean_draft:.2f} tokens drafted per row and round"
+                + ("" if r.drafting_stopped_after is None else f", drafting stopped after {r.drafting_stopped_after}")
             )
     return records
 
