@@ -620,6 +620,38 @@ def test_a_pickled_adapter_is_never_loaded(target, lora_pool, tmp_path):
     assert not marker.exists()
 
 
+ADAPTER_NUMBERS = {
+    "huge rank": ({"r": 10_000_000}, r"`r` an int in \[1, 1024\] in '.*adapter_config\.json', but it is 10000000"),
+    "huge rank in a pattern": (
+        {"rank_pattern": {"q_proj": 2**30}},
+        r"`rank_pattern\['q_proj'\]` an int in \[1, 1024\] in .*, but it is 1073741824",
+    ),
+    "zero rank": ({"r": 0}, r"`r` an int in \[1, 1024\]"),
+    "float rank": ({"r": 2.5}, r"`r` an int in \[1, 1024\]"),
+    "infinite alpha": ({"lora_alpha": 1e309}, r"`lora_alpha` a number in \(0, 65536\]"),
+    "negative alpha in a pattern": (
+        {"alpha_pattern": {"q_proj": -1}},
+        r"`alpha_pattern\['q_proj'\]` a number in \(0, 65536\]",
+    ),
+    "pattern not an object": ({"rank_pattern": [1]}, r"`rank_pattern` an object in .*, but it is \[1\]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ADAPTER_NUMBERS))
+def test_an_adapter_with_an_unbounded_rank_or_alpha_is_refused_before_peft_builds_it(
+    target, lora_pool, case, monkeypatch
+):
+    import peft
+
+    change, match = ADAPTER_NUMBERS[case]
+    _edit_json(lora_pool / "lora/qa/adapters/qa/adapter_config.json", lambda d: d.update(change))
+    built = []
+    monkeypatch.setattr(peft.PeftModel, "from_pretrained", lambda *a, **k: built.append(1))
+    with pytest.raises(InvalidPoolError, match=rf"drafter 'qa' \(drafters\[0\]\) must have {match}"):
+        DrafterPool.from_pretrained(lora_pool, target=target)
+    assert not built  # refused before peft saw the file
+
+
 def test_a_pickled_referenced_model_is_never_loaded(target, model_pool, drafter_folder, tmp_path):
     marker = tmp_path / "marker"
     (drafter_folder / "model.safetensors").unlink()

@@ -37,7 +37,14 @@ from .spec import (
     drafter_label,
     is_local_reference,
 )
-from .untrusted import PROBE_TEXT, check_no_remote_code, check_tokenizer_folder, read_json, reading_untrusted
+from .untrusted import (
+    PROBE_TEXT,
+    check_adapter_numbers,
+    check_no_remote_code,
+    check_tokenizer_folder,
+    read_json,
+    reading_untrusted,
+)
 from .vocab import target_vocab_size, tokenizer_fingerprint
 
 __all__ = ["LoadContext"]
@@ -294,6 +301,7 @@ class LoadContext:
         """A local adapter folder must ask for no code and hold ``adapter_model.safetensors`` (a pickled
         ``adapter_model.bin`` is never read)."""
         check_no_remote_code(folder, where)
+        check_adapter_numbers(folder, where)
         if not (Path(folder) / ADAPTER_WEIGHTS_NAME).is_file():
             raise InvalidPoolError(
                 f"{where} must find `{ADAPTER_WEIGHTS_NAME}` in {str(folder)!r}, but it is missing (a pool reads "

@@ -27,6 +27,7 @@ A pool comes from the Hub, or from a folder someone else wrote: every file in it
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -188,6 +189,57 @@ def check_no_remote_code(folder: str | os.PathLike, where: str) -> None:
                 "Python files to run. A pool is data: hf_metasd loads with `trust_remote_code=False` and refuses "
                 "such files. Use a drafter whose architecture transformers has built in (drop `auto_map`), or load "
                 "the model yourself and build the pool in memory."
+            )
+
+
+#: The largest LoRA rank and alpha a pool's adapter may ask for (peft builds each adapter's matrices from its
+#: config before it reads a tensor: a small file with a large rank would allocate first).
+MAX_LORA_RANK = 1024
+MAX_LORA_ALPHA = 65536.0
+
+
+def check_adapter_numbers(folder: str | os.PathLike, where: str) -> None:
+    """The ranks and alphas in `folder`'s ``adapter_config.json`` must be bounded numbers: ``r`` and every value of
+    ``rank_pattern`` an int in ``[1, MAX_LORA_RANK]``, ``lora_alpha`` and every value of ``alpha_pattern`` a finite
+    number in ``(0, MAX_LORA_ALPHA]``, checked before peft builds the adapter.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     _ = Path(folder, "adapter_config.json").write_text('{"peft_type": "LORA", "r": 10000000}')
+        ...     check_adapter_numbers(folder, "drafter 'd'")
+        Traceback (most recent call last):
+        ...
+        hf_metasd.errors.InvalidPoolError: drafter 'd' must have `r` an int in [1, 1024] in .../adapter_config.json', but it is 10000000. Use an adapter of a smaller rank, or load it yourself and build the pool in memory.
+    """
+    path = Path(folder) / "adapter_config.json"
+    data = read_json(path, where, "Restore the file, or re-save the pool from a working copy.")
+    if not isinstance(data, dict):
+        raise InvalidPoolError(
+            f"{where} must have a JSON object in {str(path)!r}, but has {type(data).__name__}. "
+            "Restore the file, or re-save the pool from a working copy."
+        )
+    fix = "Use an adapter of a smaller rank, or load it yourself and build the pool in memory."
+    ranks = [("r", data.get("r", 8))]
+    alphas = [("lora_alpha", data.get("lora_alpha", 8))]
+    for key, out in (("rank_pattern", ranks), ("alpha_pattern", alphas)):
+        pattern = data.get(key) or {}
+        if not isinstance(pattern, dict):
+            raise InvalidPoolError(
+                f"{where} must have `{key}` an object in {str(path)!r}, but it is {pattern!r}. {fix}"
+            )
+        out += [(f"{key}[{name!r}]", value) for name, value in pattern.items()]
+    for name, value in ranks:
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_LORA_RANK:
+            raise InvalidPoolError(
+                f"{where} must have `{name}` an int in [1, {MAX_LORA_RANK}] in {str(path)!r}, but it is {value!r}. {fix}"
+            )
+    for name, value in alphas:
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not (math.isfinite(value) and 0 < value <= MAX_LORA_ALPHA):
+            raise InvalidPoolError(
+                f"{where} must have `{name}` a number in (0, {MAX_LORA_ALPHA:g}] in {str(path)!r}, but it is "
+                f"{value!r}. {fix}"
             )
 
 
