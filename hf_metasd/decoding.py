@@ -136,6 +136,26 @@ def _observe_features(
     candidate_generator.observe_target_features(features, input_ids[:, start + 1 : start + 1 + rows], start)
 
 
+def accept_draft(
+    candidates: torch.LongTensor, candidate_logits: torch.Tensor | None, scores: torch.Tensor, do_sample: bool
+) -> tuple[torch.LongTensor, int]:
+    """One row's acceptance: the target's processed `scores` ``(1, n + 1, V)`` at the last token and the `n` drafted
+    `candidates` ``(1, n)``; speculative sampling with the drafter's processed `candidate_logits` ``(1, n, V)``, else
+    greedy matching, or sampled matching for a drafter without logits. Returns the round's tokens ``(1, a + 1)`` and
+    the number `a` of drafted tokens accepted. The batched loop accepts each of its rows with it too.
+    """
+    n = candidates.shape[1]
+    if do_sample and candidate_logits is not None and n > 0:
+        tokens, matches = _speculative_sampling(candidates, candidate_logits, n, scores)
+        return tokens, int(matches)
+    if do_sample:
+        selected = torch.multinomial(scores[0].softmax(dim=-1), num_samples=1).squeeze(1)[None, :]
+    else:
+        selected = scores.argmax(dim=-1)
+    matches = int(((~(candidates.to(selected.device) == selected[:, :-1])).cumsum(dim=-1) < 1).sum())
+    return selected[:, : matches + 1], matches
+
+
 def assisted_decoding(
     model: Any,
     input_ids: torch.LongTensor,
@@ -248,19 +268,7 @@ def assisted_decoding(
                     new_logits[:, i, :] = logits_processor(candidate_ids[:, : cur_len + i], new_logits[:, i, :])
 
             # 4. acceptance: speculative sampling with drafter logits, else token matching
-            if do_sample and candidate_logits is not None and candidate_length > 0:
-                valid_tokens, n_matches = _speculative_sampling(
-                    candidate_ids, candidate_logits, candidate_length, new_logits
-                )
-                n_matches = int(n_matches)
-            else:
-                if do_sample:
-                    selected = torch.multinomial(new_logits[0].softmax(dim=-1), num_samples=1).squeeze(1)[None, :]
-                else:
-                    selected = new_logits.argmax(dim=-1)
-                candidates = candidate_ids[:, cur_len:]
-                n_matches = int(((~(candidates == selected[:, :-1])).cumsum(dim=-1) < 1).sum())
-                valid_tokens = selected[:, : n_matches + 1]
+            valid_tokens, n_matches = accept_draft(candidate_ids[:, cur_len:], candidate_logits, new_logits, do_sample)
             budget = generation_config.max_length - cur_len
             valid_tokens = valid_tokens[:, :budget]
 

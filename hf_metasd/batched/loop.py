@@ -17,9 +17,9 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
-from transformers.generation.utils import _speculative_sampling
 
 from .. import stats as stats_module
+from ..decoding import accept_draft
 from ..feature_head import FeatureRecorder
 from .lengths import DraftingGuard, PassCosts
 from .processors import BatchScores
@@ -92,18 +92,8 @@ def verify_row(
         >>> verify_row(torch.tensor([1, 1]), None, scores, do_sample=False)  # accepts 1, rejects the second 1
         (tensor([[1, 2]]), 1)
     """
-    n = draft.shape[0]
-    scores = scores[None]
-    if do_sample and draft_logits is not None and n > 0:
-        candidates = draft[None].to(scores.device)
-        tokens, matches = _speculative_sampling(candidates, draft_logits[None].to(scores.device), n, scores)
-        return tokens, int(matches)
-    if do_sample:
-        selected = torch.multinomial(scores[0].softmax(dim=-1), num_samples=1).squeeze(1)[None, :]
-    else:
-        selected = scores.argmax(dim=-1)
-    matches = int(((~(draft[None].to(selected.device) == selected[:, :-1])).cumsum(dim=-1) < 1).sum())
-    return selected[:, : matches + 1], matches
+    logits = None if draft_logits is None else draft_logits[None].to(scores.device)
+    return accept_draft(draft[None].to(scores.device), logits, scores[None], do_sample)
 
 
 def batched_decoding(
