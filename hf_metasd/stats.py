@@ -94,7 +94,6 @@ class MetaSDStats:
     kernel: str = "stock"
     kernel_timings: dict[str, float] = field(default_factory=dict)
     kernel_pass_costs: dict[int, dict[str, float]] = field(default_factory=dict)
-    stopped_by: str | None = None
     counterfactual_rewards: list[dict[int, float]] = field(default_factory=list)
     counterfactual_accepted: list[dict[int, int]] = field(default_factory=list)
     learned_priors: dict[str, float] = field(default_factory=dict)
