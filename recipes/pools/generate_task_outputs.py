@@ -34,6 +34,7 @@ sys.path.insert(0, str(REPO_ROOT))  # run as a script: recipes import each other
 
 from transformers import DynamicCache  # noqa: E402
 
+from hf_metasd.benchmark.batch import left_pad  # noqa: E402
 from hf_metasd.benchmark.run import load_models  # noqa: E402
 from recipes.pools.train_drafters import TASKS, shuffled_prompts  # noqa: E402
 
@@ -66,12 +67,7 @@ def generate_continuations(target, prompt_ids: list[list[int]], max_new_tokens: 
     outputs: list[list[int]] = [[] for _ in prompt_ids]
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
-        width = max(len(prompt_ids[i]) for i in idx)
-        ids = torch.full((len(idx), width), eos, dtype=torch.long)
-        mask = torch.zeros((len(idx), width), dtype=torch.long)
-        for row, i in enumerate(idx):
-            ids[row, width - len(prompt_ids[i]) :] = torch.tensor(prompt_ids[i])
-            mask[row, width - len(prompt_ids[i]) :] = 1
+        ids, mask = left_pad([torch.tensor([prompt_ids[i]], dtype=torch.long) for i in idx], eos)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=target.config)
         logits = target(

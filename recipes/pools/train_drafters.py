@@ -39,6 +39,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
+from hf_metasd.benchmark.batch import left_pad  # noqa: E402
 from hf_metasd.benchmark.offline import chat_prompt, load_default_target  # noqa: E402
 
 TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag", "code")
@@ -154,12 +155,8 @@ def generate_continuations(target, prompt_ids: list[list[int]], max_new_tokens: 
     outputs: list[list[int]] = [[] for _ in prompt_ids]
     for start in tqdm(range(0, len(order), batch_size), desc=desc, leave=False):
         idx = order[start : start + batch_size]
-        width = max(len(prompt_ids[i]) for i in idx)
-        ids = torch.full((len(idx), width), eos, dtype=torch.long)
-        mask = torch.zeros((len(idx), width), dtype=torch.long)
-        for row, i in enumerate(idx):
-            ids[row, width - len(prompt_ids[i]) :] = torch.tensor(prompt_ids[i])
-            mask[row, width - len(prompt_ids[i]) :] = 1
+        ids, mask = left_pad([torch.tensor([prompt_ids[i]], dtype=torch.long) for i in idx], eos)
+        width = ids.shape[1]
         out = target.generate(
             input_ids=ids,
             attention_mask=mask,
