@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .._peft import is_peft_model
 from ..errors import MetaSDConfigError
-from .base import Drafter, is_peft_model
+from .base import Drafter
 from .corpus import CorpusDrafter
 from .corpus_index import CorpusIndex
 from .early_exit import EarlyExitDrafter, early_exit_model

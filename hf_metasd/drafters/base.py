@@ -33,7 +33,7 @@ from .save import SaveContext
 from .spec import DrafterSpec
 from .vocab import target_vocab_size
 
-__all__ = ["Drafter", "eval_mode", "int_error", "is_peft_model", "require_peft", "shared_scope"]
+__all__ = ["Drafter", "eval_mode", "int_error", "shared_scope"]
 
 _SCOPES: dict[Hashable, list[Any]] = {}
 _SCOPES_LOCK = threading.Lock()
@@ -104,22 +104,6 @@ def int_error(value: Any) -> type[Exception]:
         ('TypeError', 'TypeError', 'ValueError')
     """
     return ValueError if isinstance(value, int) and not isinstance(value, bool) else TypeError
-
-
-def is_peft_model(obj: Any) -> bool:
-    """Whether `obj` is a peft model (checked without importing peft)."""
-    return type(obj).__module__.startswith("peft.") and hasattr(obj, "peft_config")
-
-
-def require_peft(what: str) -> Any:
-    """Import peft, or raise an `ImportError` saying that `what` needs it and which extra to install."""
-    try:
-        import peft
-    except ImportError as err:  # pragma: no cover - peft is installed in the test environment
-        raise ImportError(
-            f"{what} `peft`, but it is not installed. Install it with `pip install hf-metasd[peft]`."
-        ) from err
-    return peft
 
 
 class Drafter(ABC):

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._peft import require_peft
 from ..errors import DrafterCompatibilityError
-from .base import Drafter, int_error, require_peft
+from .base import Drafter, int_error
 from .load import LoadContext
 from .model import ModelDrafter
 from .registry import register_drafter_kind

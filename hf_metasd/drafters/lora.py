@@ -12,8 +12,6 @@ peft is an optional dependency (``pip install hf-metasd[peft]``), imported only 
 from __future__ import annotations
 
 import os
-import threading
-import weakref
 from collections.abc import Hashable, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
@@ -21,8 +19,9 @@ from typing import Any
 
 import torch
 
+from .._peft import adapter_lock, is_peft_model, require_peft
 from ..errors import DrafterCompatibilityError, InvalidPoolError, MetaSDConfigError
-from .base import Drafter, eval_mode, is_peft_model, require_peft, shared_scope
+from .base import Drafter, eval_mode, shared_scope
 from .load import LoadContext
 from .model import ModelDrafter
 from .registry import register_drafter_kind
@@ -30,18 +29,6 @@ from .save import SaveContext
 from .spec import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, DrafterSpec, check_inside, require_path
 
 __all__ = ["LoraDrafter", "load_adapters"]
-
-#: peft model -> the lock its arms hold while they switch adapter and run a forward pass (concurrent calls share it).
-_LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
-_LOCKS_GUARD = threading.Lock()
-
-
-def _lock_of(peft_model: Any) -> threading.RLock:
-    with _LOCKS_GUARD:
-        lock = _LOCKS.get(peft_model)
-        if lock is None:
-            lock = _LOCKS[peft_model] = threading.RLock()
-        return lock
 
 
 @register_drafter_kind
@@ -168,7 +155,7 @@ class LoraDrafter(ModelDrafter):
             self.peft_model.set_adapter(self.adapter_name, inference_mode=True)
 
     def _forward(self, ids: torch.Tensor, num_logits: int) -> torch.Tensor:
-        with _lock_of(self.peft_model):
+        with adapter_lock(self.peft_model):
             self.activate()
             return super()._forward(ids, num_logits)
 
@@ -183,7 +170,7 @@ class LoraDrafter(ModelDrafter):
 
         def leave(state: Any) -> None:
             active, grads = state
-            with _lock_of(peft_model):
+            with adapter_lock(peft_model):
                 if peft_model.active_adapter != active:
                     peft_model.set_adapter(active)
                 for param, flag in grads:  # `set_adapter` also changes which parameters require grad

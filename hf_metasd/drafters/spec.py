@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._peft import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
 from ..errors import InvalidPoolError
 
 __all__ = [
@@ -36,9 +37,8 @@ __all__ = [
 #: A stored model is ``config.json`` + ``model.safetensors``.
 MODEL_CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-#: A stored adapter is peft's ``adapter_config.json`` + ``adapter_model.safetensors``.
-ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
-ADAPTER_CONFIG_NAME = "adapter_config.json"
+# A stored adapter is peft's ``adapter_config.json`` + ``adapter_model.safetensors``: `ADAPTER_CONFIG_NAME` and
+# `ADAPTER_WEIGHTS_NAME`, imported above from `hf_metasd._peft` (feature-head adapters use them too).
 #: A restricted head is a JSON list of token ids.
 HEAD_TOKEN_IDS_NAME = "head_token_ids.json"
 #: The dtypes a model entry's ``params.dtype`` may name (others, such as float8 ones, cannot run a drafter).

@@ -46,9 +46,7 @@ import json
 import math
 import os
 import re
-import threading
 import warnings
-import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -57,8 +55,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from ..drafters.base import require_peft
-from ..drafters.spec import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
+from .._peft import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, adapter_lock, require_peft
 from ..drafters.untrusted import read_json
 from ..errors import InvalidPoolError, InvalidPoolTypeError, MetaSDConfigError, MetaSDTypeError
 from .head import FeatureHead
@@ -106,10 +103,6 @@ _METADATA = frozenset(
 _CHECKED = frozenset({"peft_type", "r", "lora_alpha", "target_modules", "lora_dropout", "use_rslora"})
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")
 _FILE_FIX = "Re-save the adapter with `hf_metasd.feature_head.save_adapter`, or restore its folder."
-
-#: head -> the lock its arms hold while they switch adapter and draft (concurrent calls share it).
-_LOCKS: weakref.WeakKeyDictionary[FeatureHead, threading.RLock] = weakref.WeakKeyDictionary()
-_LOCKS_GUARD = threading.Lock()
 
 
 # ======================================================================================================================
@@ -172,15 +165,6 @@ def _inject(peft: Any, head: FeatureHead, config: Any, name: str) -> None:
     with warnings.catch_warnings():  # peft warns whenever a model gets a second adapter: that is the point here
         warnings.filterwarnings("ignore", message="Already found a `peft_config` attribute in the model")
         peft.inject_adapter_in_model(config, head, adapter_name=name)
-
-
-def adapter_lock(head: FeatureHead) -> threading.RLock:
-    """The lock every arm of `head` holds while it switches adapter and drafts."""
-    with _LOCKS_GUARD:
-        lock = _LOCKS.get(head)
-        if lock is None:
-            lock = _LOCKS[head] = threading.RLock()
-        return lock
 
 
 def _tuner_layers(head: FeatureHead) -> list[Any]:
