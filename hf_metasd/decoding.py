@@ -74,7 +74,7 @@ def uncached_prompt_length(input_ids: torch.LongTensor, model_kwargs: dict[str, 
     """
     length = input_ids.shape[1]
     cache = model_kwargs.get("cache")
-    cached = 0 if cache is None else cache.get_seq_length()
+    cached = 0 if cache is None else int(cache.get_seq_length())  # hybrid caches count in a tensor
     if cached == 0:
         return length
     mask = model_kwargs.get("attention_mask")
@@ -92,7 +92,14 @@ def uncached_prompt_length(input_ids: torch.LongTensor, model_kwargs: dict[str, 
 
 
 def _split_steps(
-    steps: tuple, layers: tuple[torch.Tensor, ...], *, lead: int, kept: int, cached: int, attention: bool
+    steps: tuple,
+    layers: tuple[torch.Tensor, ...],
+    *,
+    lead: int,
+    kept: int,
+    cached: int,
+    attention: bool,
+    windows: tuple[int | None, ...] = (),
 ) -> tuple:
     """`steps` plus one tuple per kept token, of every layer's hidden states (or attentions) for that token, as plain
     `generate` returns them.
@@ -100,16 +107,39 @@ def _split_steps(
     `layers` come from one forward pass over ``lead + n`` rows on a cache of `cached` positions: the first kept
     token was predicted at row `lead` (the last uncached prompt position in the first round, else 0), the k-th at row
     ``lead + k``. Plain `generate` produced the first kept token of the call from the whole prompt pass (rows
-    ``0 .. lead``) and every other token from a pass over one row; a row's attentions reach the keys of the cache and
-    of the rows up to it.
+    ``0 .. lead``) and every other token from a pass over one row; a row's attentions reach the keys the layer held
+    before the pass (all `cached` positions, or fewer on a sliding-window layer) and those of the rows up to it, and
+    a one-row pass of plain `generate` at position ``p`` sees the last ``min(p, window - 1) + 1`` keys of a layer with
+    a sliding window (`windows`: each attention layer's window, None for full attention; empty: all full).
     """
     for k in range(kept):
-        start, end = (0, lead + 1) if k == 0 else (lead + k, lead + k + 1)
-        if attention:
-            steps += (tuple(layer[..., start:end, : cached + end] for layer in layers),)
-        else:
-            steps += (tuple(layer[:, start:end] for layer in layers),)
+        row = lead + k
+        if not attention:
+            steps += (tuple(layer[:, (0 if k == 0 else row) : row + 1] for layer in layers),)
+            continue
+        step = ()
+        for i, layer in enumerate(layers):
+            if layer is None:  # a layer without attentions stays None, as in plain `generate`
+                step += (None,)
+                continue
+            held = layer.shape[-1] - layer.shape[-2]  # the keys the layer held before the pass
+            window = windows[i] if i < len(windows) else None
+            position = cached + row
+            seen = position if window is None else min(position, window - 1)  # earlier keys plain's pass sees
+            start, end = (0, lead + 1) if k == 0 else (row, row + 1)
+            first_key = 0 if k == 0 else row + held - seen
+            step += (layer[..., start:end, first_key : row + held + 1],)
+        steps += (step,)
     return steps
+
+
+def _attention_windows(cache: Any, attentions: tuple) -> tuple[int | None, ...]:
+    """Each attention layer's sliding window (None: full attention), read from the cache layers that hold keys (the
+    attention layers, in order; a hybrid's recurrent layers return no attentions). Empty when they do not line up."""
+    layers = [layer for layer in getattr(cache, "layers", ()) if hasattr(layer, "keys")]
+    if len(layers) != len(attentions):
+        return ()
+    return tuple(layer.sliding_window if getattr(layer, "is_sliding", False) else None for layer in layers)
 
 
 def _observe_features(
@@ -236,7 +266,8 @@ def assisted_decoding(
                 fed = None if prompt_fed == cur_len else prompt_fed + candidate_length
             else:
                 fed = candidate_length + 1
-            cached = model_kwargs["cache"].get_seq_length()
+            # a Python int: on hybrid caches `get_seq_length` returns a tensor that this very pass updates in place
+            cached = int(model_kwargs["cache"].get_seq_length())
             model_inputs = model.prepare_inputs_for_generation(
                 candidate_ids,
                 next_sequence_length=fed,
@@ -298,8 +329,9 @@ def assisted_decoding(
             if output_logits:
                 raw_logits += tuple(next_token_logits[:, i, :] for i in range(kept))
             split = {"lead": prompt_fed - 1 if is_first_iteration else 0, "kept": kept, "cached": cached}
-            if output_attentions and outputs.attentions is not None and outputs.attentions[0] is not None:
-                attentions = _split_steps(attentions, outputs.attentions, **split, attention=True)
+            if output_attentions and outputs.attentions is not None:  # () per step under sdpa, as plain's
+                windows = _attention_windows(outputs.cache, outputs.attentions)
+                attentions = _split_steps(attentions, outputs.attentions, **split, attention=True, windows=windows)
             if output_hidden_states and outputs.hidden_states is not None:
                 hidden_states = _split_steps(hidden_states, outputs.hidden_states, **split, attention=False)
         is_first_iteration = False

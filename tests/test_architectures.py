@@ -513,3 +513,66 @@ def test_a_stateful_target_is_refused_where_the_peer_refuses_it(families, family
     finally:
         handle.remove()
     assert passes == []
+
+
+def _assert_same_steps(ours, plain, what: str) -> None:
+    """Per generated token, per layer: plain `generate`'s shapes and (to rounding) its values."""
+    assert len(ours) == len(plain) == MAX_NEW, what
+    for step, (our_step, plain_step) in enumerate(zip(ours, plain, strict=True)):
+        assert len(our_step) == len(plain_step), f"{what}, step {step}"
+        for layer, (a, b) in enumerate(zip(our_step, plain_step, strict=True)):
+            assert (a is None) == (b is None), f"{what}, step {step}, layer {layer}"
+            if a is None:
+                continue
+            assert a.shape == b.shape, f"{what}, step {step}, layer {layer}: {tuple(a.shape)} != {tuple(b.shape)}"
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=f"{what}, step {step}, layer {layer}")
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_attentions_and_hidden_states_are_plain_generates(families, family, entry):
+    """With ``output_attentions`` and ``output_hidden_states``, every step's tensors have plain `generate`'s shapes
+    and values (the check of transformers' assisted-decoding tests: step 0 attends over the prompt, step i over the
+    prompt and i more keys). On hybrid caches the cache length is a tensor the pass updates in place: read before
+    the pass, it must not move with it, or each step carries the candidates' key columns too."""
+    fam = families(family)
+    skip_if_stateful(fam)
+    target = copy.deepcopy(fam.target)
+    target.set_attn_implementation("eager")  # sdpa returns no attentions
+    # a model without attention layers has no `attentions` in its outputs (plain `generate` fails on asking for them)
+    attentions = family not in ("mamba", "mamba2", "falcon_mamba")
+    asked = {"return_dict_in_generate": True, "output_attentions": attentions, "output_hidden_states": True}
+    prompt = PROMPTS[0]
+    plain = target.generate(prompt, do_sample=False, max_new_tokens=MAX_NEW, **asked)
+    out = metasd(
+        target,
+        prompt,
+        fam.pool("mixed"),
+        entry=entry,
+        meta_policy="round_robin",
+        meta_draft_length="fixed",
+        num_assistant_tokens=N,
+        **asked,
+    )
+    hf_metasd.disable()
+    assert torch.equal(out.sequences, plain.sequences)
+    _assert_same_steps(out.hidden_states, plain.hidden_states, f"{family}: hidden states")
+    if attentions:
+        _assert_same_steps(out.attentions, plain.attentions, f"{family}: attentions")
+        first = next(a for a in out.attentions[0] if a is not None)
+        assert first.shape[-2:] == (prompt.shape[1], prompt.shape[1])
+    assert max(out.metasd.drafted) == N and min(out.metasd.accepted) < N  # full drafts, rejections among them
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_attentions_asked_of_an_sdpa_target_are_plain_generates_empty_steps(families, entry):
+    """Under sdpa a forward pass returns no attentions (an empty tuple): plain `generate` returns one empty tuple per
+    step, and so does MetaSD (it used to fail on the empty tuple)."""
+    fam = families("llama")
+    assert fam.target.config._attn_implementation == "sdpa"
+    asked = {"return_dict_in_generate": True, "output_attentions": True}
+    plain = fam.target.generate(PROMPTS[0], do_sample=False, max_new_tokens=MAX_NEW, **asked)
+    out = metasd(fam.target, PROMPTS[0], fam.pool("mixed"), entry=entry, num_assistant_tokens=N, **asked)
+    hf_metasd.disable()
+    assert torch.equal(out.sequences, plain.sequences)
+    assert plain.attentions == out.attentions == ((),) * MAX_NEW
