@@ -1,4 +1,4 @@
-"""A pool is data, never code, and bounded (hf_metasd.drafters.untrusted): crafted pools that ask for code, set huge
+"""A pool is data, never code, and bounded (hf_metasd.untrusted): crafted pools that ask for code, set huge
 numbers, reach for files outside the pool, carry broken or slow tokenizers, or crash a parser. Each one is refused
 with `InvalidPoolError` naming the file and what to do: nothing runs, nothing reads stdin, nothing takes long. No
 network."""
@@ -22,9 +22,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from hf_metasd.drafters import LoraDrafter, ModelDrafter
 from hf_metasd.drafters.load import LoadContext
-from hf_metasd.drafters.untrusted import check_links, is_safe_pattern
 from hf_metasd.errors import InvalidPoolError
 from hf_metasd.pool import DrafterPool, DrafterPoolConfig, DrafterSpec
+from hf_metasd.untrusted import check_links, is_safe_pattern
 
 
 class StdinRead(BaseException):
@@ -587,7 +587,7 @@ def test_a_non_bool_embedding_flag_is_named(target, model_pool):
 
 
 def test_a_json_file_larger_than_the_bound_is_not_parsed(target, tokenizer_pool, monkeypatch):
-    import hf_metasd.drafters.untrusted as untrusted
+    import hf_metasd.untrusted as untrusted
 
     monkeypatch.setattr(untrusted, "MAX_JSON_BYTES", 100)  # instead of writing 64 MiB
     with pytest.raises(

@@ -5,7 +5,7 @@ tokenizer (when the load was given one), the Hub arguments, a cache of loaded ba
 helpers to read an entry (`resolve`, `head_ids`, `dtype`, `load_base`, `load_model`, `load_tokenizer`, `reading`,
 `build`). The files are the ones `hf_metasd.drafters.save` writes.
 
-Reading is untrusted (`hf_metasd.drafters.untrusted`): no code runs (``trust_remote_code=False``, ``auto_map``
+Reading is untrusted (`hf_metasd.untrusted`): no code runs (``trust_remote_code=False``, ``auto_map``
 refused), weights come from safetensors only, a pool reads only its own files (a local folder outside it only when the
 caller maps it with ``local_paths``), and whatever a library raises on a pool file becomes an `InvalidPoolError`; a
 truncated or corrupt safetensors file raises one naming the drafter and the file.
@@ -28,6 +28,14 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from ..errors import DrafterCompatibilityError, InvalidPoolError, InvalidPoolTypeError, MetaSDConfigError
+from ..untrusted import (
+    PROBE_TEXT,
+    check_adapter_numbers,
+    check_no_remote_code,
+    check_tokenizer_folder,
+    read_json,
+    reading_untrusted,
+)
 from .spec import (
     ADAPTER_WEIGHTS_NAME,
     DTYPES,
@@ -36,14 +44,6 @@ from .spec import (
     DrafterSpec,
     drafter_label,
     is_local_reference,
-)
-from .untrusted import (
-    PROBE_TEXT,
-    check_adapter_numbers,
-    check_no_remote_code,
-    check_tokenizer_folder,
-    read_json,
-    reading_untrusted,
 )
 from .vocab import target_vocab_size, tokenizer_fingerprint
 
@@ -177,7 +177,7 @@ class LoadContext:
     @contextmanager
     def reading(self, where: str, file: str | os.PathLike) -> Iterator[None]:
         """Turn an error while reading `file` into an `InvalidPoolError` naming the drafter and the file: a truncated or
-        corrupt safetensors file says so; anything else a library raises (`hf_metasd.drafters.untrusted.reading_untrusted`,
+        corrupt safetensors file says so; anything else a library raises (`hf_metasd.untrusted.reading_untrusted`,
         a Rust panic included) names its error."""
         try:
             with reading_untrusted(where, file, _RESTORE):
@@ -271,7 +271,7 @@ class LoadContext:
 
     def load_tokenizer(self, relative: str, where: str, what: str, *, expected_hash: str | None = None) -> Any:
         """A tokenizer folder of the pool (or the caller's folder `local_paths` maps `relative` to), checked before it
-        is read (`hf_metasd.drafters.untrusted.check_tokenizer_folder`), loaded with ``trust_remote_code=False``, then
+        is read (`hf_metasd.untrusted.check_tokenizer_folder`), loaded with ``trust_remote_code=False``, then
         probed with a short encode / decode; with `expected_hash`, its `tokenizer_fingerprint` must be that one.
         Any failure is an `InvalidPoolError` naming the folder."""
         from transformers import AutoTokenizer

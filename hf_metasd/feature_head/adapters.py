@@ -20,7 +20,7 @@ it was after a call (active adapter, adapters on or off, which parameters requir
 
 **Files.** An adapter folder holds peft's ``adapter_config.json`` (sorted JSON) and ``adapter_model.safetensors``
 (``<module path>.lora_A.weight`` ``(r, in)`` and ``<module path>.lora_B.weight`` ``(out, r)`` per adapted module, as
-peft names them). A folder is untrusted input, read as data: the JSON is bounded (`hf_metasd.drafters.untrusted`),
+peft names them). A folder is untrusted input, read as data: the JSON is bounded (`hf_metasd.untrusted`),
 ``peft_type`` must be ``"LORA"``, ``r`` in ``[1, MAX_RANK]``, ``lora_alpha`` in ``(0, MAX_ALPHA]``,
 ``target_modules`` a list from `ADAPTER_MODULES`, every other setting peft knows must be its plain-LoRA default (no
 DoRA, no bias, no ``modules_to_save``, no ``auto_mapping``: nothing that runs code or changes the head's other
@@ -56,8 +56,8 @@ import torch
 from safetensors.torch import save_file
 
 from .._peft import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, adapter_lock, require_peft
-from ..drafters.untrusted import read_json
 from ..errors import InvalidPoolError, InvalidPoolTypeError, MetaSDConfigError, MetaSDTypeError
+from ..untrusted import read_json
 from .head import FeatureHead
 from .io import read_tensors
 

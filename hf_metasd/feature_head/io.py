@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from ..drafters.untrusted import nests_deeper, reading_untrusted
 from ..errors import InvalidPoolError
+from ..untrusted import nests_deeper, reading_untrusted
 from .config import FeatureHeadConfig
 from .head import FeatureHead
 from .vocab import check_vocab_map
@@ -61,7 +61,7 @@ _SHARD = re.compile(r"[\w.-]+\.safetensors")
 # ======================================================================================================================
 def reading(file: str | os.PathLike, fix: str) -> AbstractContextManager[None]:
     """Whatever a parser raises on `file` (a Rust panic included) as an `InvalidPoolError` naming the feature head
-    (`hf_metasd.drafters.untrusted.reading_untrusted`, the pool loads' own)."""
+    (`hf_metasd.untrusted.reading_untrusted`, the pool loads' own)."""
     return reading_untrusted("the feature head", file, fix)
 
 

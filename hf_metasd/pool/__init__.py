@@ -21,7 +21,7 @@ The package, one concept per module (it builds on `hf_metasd.drafters`, which ow
   `Drafter.from_spec`), so that nothing here names a kind;
 * `card` -- the model card.
 
-Loading a pool is as safe as loading safetensors (`hf_metasd.drafters.untrusted`): no code runs, only the pool's own
+Loading a pool is as safe as loading safetensors (`hf_metasd.untrusted`): no code runs, only the pool's own
 files are read (a local folder outside it only when the caller maps it with ``local_paths=``), every number is
 bounded, tokenizers are checked, and any failure is an `InvalidPoolError` naming the file.
 

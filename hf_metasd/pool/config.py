@@ -5,7 +5,7 @@ nothing: the checks every entry gets live here (a registered kind, paths that st
 for code, at most `MAX_ARMS` arms), the checks of one kind live on the kind (`Drafter.validate_spec`), so this module
 names no kind.
 
-**A pool is data, and bounded.** A pool comes from the Hub: its file is untrusted input (`hf_metasd.drafters.untrusted`
+**A pool is data, and bounded.** A pool comes from the Hub: its file is untrusted input (`hf_metasd.untrusted`
 says what loading one reads). Every number it sets has a range checked on load, and on save, so that a pool that
 saves also loads: the top-level ones are in `DrafterPoolConfig` (`MAX_NUM_ASSISTANT_TOKENS`, `MAX_PRIOR_WEIGHT`,
 `MAX_POLICY_SETTING`, `MAX_ARMS`), each kind documents the ranges of its `params` in its `to_spec` and checks them in
@@ -33,11 +33,11 @@ from .._validation import check_real
 from .._version import __version__
 from ..drafters import DRAFTER_KINDS, tokenizer_fingerprint, unique_names
 from ..drafters.spec import MAX_NUM_ASSISTANT_TOKENS, DrafterSpec, check_at_most, check_inside
-from ..drafters.untrusted import nests_deeper
 from ..errors import DrafterCompatibilityError, InvalidPoolError, InvalidPoolTypeError, MetaSDConfigError
 from ..policies import POLICY_REGISTRY, get_policy
 from ..rewards import COST_AWARE_REWARDS, REWARDS, get_reward, is_cost_aware
 from ..settings import DEFAULTS
+from ..untrusted import nests_deeper
 
 __all__ = [
     "CODE_KEYS",

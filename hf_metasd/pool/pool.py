@@ -31,9 +31,9 @@ from ..drafters import DRAFTER_KINDS, Drafter, DrafterSpec, as_drafters, tokeniz
 from ..drafters.load import LoadContext
 from ..drafters.save import SaveContext
 from ..drafters.spec import is_local_reference
-from ..drafters.untrusted import check_links
 from ..errors import InvalidPoolError, InvalidPoolTypeError
 from ..settings import DEFAULTS
+from ..untrusted import check_links
 from .card import pool_card
 from .config import CONFIG_NAME, DrafterPoolConfig, validate_defaults, validate_priors
 
@@ -316,7 +316,7 @@ class DrafterPool:
     ) -> DrafterPool:
         """Load a pool from a folder or a Hub repo and build every drafter for `target`.
 
-        A pool is untrusted data (`hf_metasd.drafters.untrusted`): loading it runs no code (``trust_remote_code=False``
+        A pool is untrusted data (`hf_metasd.untrusted`): loading it runs no code (``trust_remote_code=False``
         everywhere; files that ask for code are refused), reads weights from safetensors only, checks every number
         of `config.json` against its documented range, and reads only the pool's own files: a drafter that
         references a local folder outside the pool is refused unless you map it with `local_paths`.

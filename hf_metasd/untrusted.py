@@ -22,6 +22,10 @@ A pool comes from the Hub, or from a folder someone else wrote: every file in it
 * **fails as `InvalidPoolError`.** Whatever a library raises while reading a pool file, including pyo3's
   ``PanicException`` (a `BaseException`, not an `Exception`), becomes an `InvalidPoolError` naming the file and what to
   do (`reading_untrusted`). Only hf_metasd's own errors and `MemoryError` pass through as they are.
+
+The pool's drafter kinds (`hf_metasd.drafters.load`), the pool itself (`hf_metasd.pool`) and a feature head's files
+(`hf_metasd.feature_head.io`, its adapters) read untrusted files through these helpers; this module imports nothing
+of theirs.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidPoolError, MetaSDConfigError
+from .errors import InvalidPoolError, MetaSDConfigError
 
 __all__ = [
     "KNOWN_PATTERNS",
