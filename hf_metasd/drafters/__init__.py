@@ -17,7 +17,7 @@ from .base import Drafter
 from .corpus import CorpusDrafter
 from .corpus_index import CorpusIndex
 from .early_exit import EarlyExitDrafter, early_exit_model
-from .feature_head import FeatureHeadDrafter
+from .feature_head_drafter import FeatureHeadDrafter
 from .load import LoadContext
 from .lora import LoraDrafter
 from .model import ModelDrafter
