@@ -1,5 +1,6 @@
 """``hf-metasd bench --batch-size B``: MetaSD on batches of `B` prompts against plain batched `generate` on the same
-batches (left-padded), tokens per second of the batch, every output checked identical (`hf_metasd.batched`)."""
+batches (left-padded), tokens per second of the batch, every row's output checked against plain's under its dtype's
+contract (`hf_metasd.lossless`: identical, or in bfloat16 leaving it only at a near-tie; `hf_metasd.batched`)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,18 @@ class BatchRecord:
     wasted_slots: list[int] = field(default_factory=list)
     arms: list[dict[str, int]] = field(default_factory=list)  # per row: arm name -> rounds
     drafting_stopped_after: int | None = None  # the batch stopped drafting after so many rounds (None: it did not)
+    #: per row, where MetaSD's output first left plain's (`hf_metasd.lossless.Divergence.to_dict`; None: identical)
+    divergences: list[dict | None] = field(default_factory=list)
+
+    @property
+    def near_ties(self) -> int:
+        """Rows that left plain's output at a near-tie."""
+        return sum(1 for d in self.divergences if d is not None and d["near_tie"])
+
+    @property
+    def lossless(self) -> bool:
+        """Every row identical to plain's, or leaving it only at a near-tie."""
+        return all(d is None or d["near_tie"] for d in self.divergences)
 
     @property
     def speedup(self) -> float:
@@ -82,8 +95,13 @@ def run_batch_bench(
     if warm_up_tokens and batches:
         _both(target, pool, *inputs[0], pad, warm_up_tokens, "metasd-batch warm-up")
     records = []
+    checker = None
     for number, (batch, (ids, mask)) in enumerate(zip(batches, inputs)):
         plain, plain_seconds, out, metasd_seconds = _both(target, pool, ids, mask, pad, max_new_tokens, "metasd-batch")
+        divergences: list[dict | None] = [None] * len(batch)
+        if not torch.equal(plain, out.sequences):
+            checker = checker or _RowCheck(target)
+            divergences = [checker(plain[i], out.sequences[i], mask[i]) for i in range(len(batch))]
         stats = out.metasd
         rows = getattr(stats, "rows", [stats])  # a batch of one gives one `MetaSDStats`
         records.append(
@@ -99,13 +117,16 @@ def run_batch_bench(
                 wasted_slots=list(getattr(stats, "wasted_slots", [0])),
                 arms=[_arm_counts(row) for row in rows],
                 drafting_stopped_after=getattr(stats, "drafting_stopped_after", None),
+                divergences=divergences,
             )
         )
         if print_fn is not None:
             r = records[-1]
             print_fn(
                 f"batch {number}: {len(batch)} rows, {r.new_tokens} tokens, plain {r.plain_seconds:.2f}s, MetaSD "
-                f"{r.metasd_seconds:.2f}s ({r.speedup:.2f}x), identical: {r.identical}, {r.verified_rows} token rows "
+                f"{r.metasd_seconds:.2f}s ({r.speedup:.2f}x), identical: {r.identical}"
+                + (f" ({r.near_ties} rows left plain at a near-tie)" if r.near_ties else "")
+                + f", {r.verified_rows} token rows "
                 f"verified, {r.mean_draft:.2f} tokens drafted per row and round"
                 + ("" if r.drafting_stopped_after is None else f", drafting stopped after {r.drafting_stopped_after}")
             )
@@ -132,6 +153,25 @@ def _both(
     return plain, plain_seconds, out, time.perf_counter() - start
 
 
+class _RowCheck:
+    """`hf_metasd.lossless.check_divergence` of one left-padded row, its padding dropped; the float32 copy of the
+    target is made once."""
+
+    def __init__(self, target: Any) -> None:
+        from ..lossless import float32_copy
+
+        self.target, self.float32 = target, float32_copy(target)
+
+    def __call__(self, plain: torch.Tensor, sequence: torch.Tensor, mask: torch.Tensor) -> dict | None:
+        from ..lossless import check_divergence
+
+        pads = int((mask == 0).sum())
+        found = check_divergence(
+            self.target, plain[None, pads:], sequence[None, pads:], int(mask.sum()), target_float32=self.float32
+        )
+        return None if found is None else found.to_dict()
+
+
 def _verified_rows(stats: Any, prompt_length: int) -> int:
     """Token rows MetaSD's passes verified: a batch's (`MetaSDBatchStats.verified_rows`), or one request's (its
     prompt and first draft, then one token and a draft per round)."""
@@ -153,10 +193,16 @@ def write_batch_report(records: Sequence[BatchRecord], out: str | Path, meta: di
     line = (
         f"batch size {meta.get('batch_size')}: plain batched generate {tokens / plain:.1f} tokens/s, MetaSD "
         f"{tokens / metasd:.1f} tokens/s ({plain / metasd:.2f}x) over {len(records)} batches, "
-        f"{sum(not r.identical for r in records)} outputs differ"
+        f"{sum(not r.identical for r in records)} batches differ from plain, "
+        f"{sum(r.near_ties for r in records)} rows at a near-tie, "
+        f"{sum(sum(d is not None and not d['near_tie'] for d in r.divergences) for r in records)} rows in error"
     )
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    payload = {"meta": meta, "summary": line, "records": [asdict(r) | {"speedup": r.speedup} for r in records]}
+    payload = {
+        "meta": meta,
+        "summary": line,
+        "records": [asdict(r) | {"speedup": r.speedup, "lossless": r.lossless} for r in records],
+    }
     (folder / "batch_results.json").write_text(json.dumps(payload, indent=1))
     return line

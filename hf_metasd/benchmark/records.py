@@ -30,3 +30,15 @@ class BenchRecord:
     rewards: list[float | None] = field(default_factory=list)
     #: the prior means the call took from earlier calls of its method (`MetaSDStats.learned_priors`)
     learned_priors: dict[str, float] = field(default_factory=dict)
+    #: where the output first left plain greedy output (`hf_metasd.lossless.Divergence.to_dict`), ``None``: identical
+    divergence: dict | None = None
+
+    @property
+    def near_tie(self) -> bool:
+        """The output left plain greedy output only at a near-tie (`hf_metasd.lossless`)."""
+        return self.divergence is not None and bool(self.divergence["near_tie"])
+
+    @property
+    def lossless(self) -> bool:
+        """The output keeps the contract of its dtype: identical, or left plain greedy output at a near-tie."""
+        return self.identical or self.near_tie

@@ -7,7 +7,10 @@ Metrics, per task and overall (Spec-Bench's names):
 * ``tokens_per_second``: new tokens / wall seconds.
 * ``speedup``: autoregressive wall seconds / the method's wall seconds, summed over the task's prompts.
 * ``best_arm_ratio``: share of MetaSD rounds drafted by the task's own drafter (drafters named after tasks).
-* ``identical``: share of outputs identical to autoregressive (must be 1.0).
+* ``identical``: share of outputs identical to autoregressive (must be 1.0 in float32).
+* ``near_ties`` / ``largest_near_tie_gap``: outputs that left autoregressive output only at a near-tie (bfloat16,
+  float16: `hf_metasd.lossless`), and the largest float32 logit gap among them; ``errors``: outputs that left it
+  otherwise (must be 0).
 
 The per-task **oracle** is the best single drafter in hindsight: on each task, the `fixed[<name>]` method with the
 highest speedup on that task (not the drafter named after it).
@@ -45,6 +48,9 @@ def _aggregate(records: list[BenchRecord], baseline: dict[str, float], names: li
         "mean_accepted_tokens": tokens / forwards if forwards else 0.0,
         "speedup": base / seconds if seconds else 0.0,
         "identical": sum(r.identical for r in records) / len(records),
+        "near_ties": sum(r.near_tie for r in records),
+        "largest_near_tie_gap": max((abs(r.divergence["gap"]) for r in records if r.near_tie), default=0.0),
+        "errors": sum(not r.lossless for r in records),
     }
     if any(r.time_split for r in records):
         split = {k: sum(r.time_split.get(k, 0.0) for r in records) for k in TIME_PARTS}
@@ -109,12 +115,18 @@ def machine() -> dict[str, Any]:
 
 
 def _markdown(summary: dict[str, Any], tasks: list[str]) -> str:
-    header = "| method | " + " | ".join(tasks) + " | overall speedup | τ | tokens/s | best-arm | identical |"
+    header = (
+        "| method | "
+        + " | ".join(tasks)
+        + " | overall speedup | τ | tokens/s | best-arm | identical | near-ties | errors |"
+    )
     lines = [
-        "Speedup vs autoregressive per task (wall-time ratio, same prompts, same run); τ = tokens per target forward.",
+        "Speedup vs autoregressive per task (wall-time ratio, same prompts, same run); τ = tokens per target forward; "
+        "identical = share of outputs identical to autoregressive, near-ties = outputs that left it at a near-tie "
+        "(low precision; hf_metasd.lossless), errors = outputs that left it otherwise.",
         "",
         header,
-        "|" + "---|" * (len(tasks) + 6),
+        "|" + "---|" * (len(tasks) + 8),
     ]
     for method, entry in summary.items():
         cells = [f"{entry[t]['speedup']:.2f}" if t in entry else "–" for t in tasks]
@@ -124,7 +136,8 @@ def _markdown(summary: dict[str, Any], tasks: list[str]) -> str:
             f"| {method} | "
             + " | ".join(cells)
             + f" | {overall['speedup']:.2f} | {overall['mean_accepted_tokens']:.2f} | {overall['tokens_per_second']:.1f}"
-            + f" | {'–' if best is None else f'{best:.2f}'} | {overall['identical']:.2f} |"
+            + f" | {'–' if best is None else f'{best:.2f}'} | {overall['identical']:.2f}"
+            + f" | {overall.get('near_ties', 0)} | {overall.get('errors', 0)} |"
         )
     auto = summary.get("autoregressive")
     focus = [m for m in ("metasd", "oracle") if m in summary]
