@@ -6,9 +6,11 @@ Each round is a fixed sequence of named steps, split over the contract's two met
 catches up and drafts the length chosen for it; an arm that abstains hands the round to `Policy.fallback`) ->
 `_start_verification` (the kernel of the target's pass, `hf_metasd.kernels.VerificationKernels`) -> candidates.
 
-``update_candidate_strategy`` (after the target verified): `_feedback` (what the round tells: acceptance, the
-measured costs) -> `_learn` (the policy's reward, `hf_metasd.round_rewards.RoundRewards`, and every drafter's for a
-full-information policy such as ``hedge``) -> `_replay` (replayed rounds, below) -> `_record` (telemetry).
+``update_candidate_strategy`` (after the target verified): `_measure` (what the round measured, folded into the
+call's estimates: the kernel's pass cost, the round's cost, verification cost and acceptance by length) ->
+`_feedback` (the round as the reward sees it, `hf_metasd.feedback.RoundRewards.feedback`) -> `_learn` (the policy's
+reward and, for a full-information policy such as ``hedge``, every drafter's) -> `_replay` (replayed rounds, below)
+-> `_record` (telemetry). What a round teaches the policy is `hf_metasd.feedback`'s.
 
 Arms are the pool's drafters plus, when the reward is cost-aware (the default `speed`), the **no-draft arm**: a
 round the target decodes alone (one plain step, no drafter, no catch-up). With it the policy can learn that no
@@ -25,8 +27,8 @@ and the target's tokens, so the observation is exact. Its cost is its own propos
 The no-draft arm, whose `speed` reward is known without a pull (:math:`1 / (N + 1)`), is observed too. A cheap arm is
 then learnt without the rounds it would take to pull it, and exploration is left to the model drafters.
 
-Bandit maths lives in `hf_metasd.policies`, model code in `hf_metasd.drafters`, reward maths in `hf_metasd.rewards`
-and `hf_metasd.feedback`, costs in `hf_metasd.costs`, draft lengths in `hf_metasd.draft_length`.
+Bandit maths lives in `hf_metasd.policies`, model code in `hf_metasd.drafters`, reward maths in `hf_metasd.rewards`,
+what a round teaches in `hf_metasd.feedback`, costs in `hf_metasd.costs`, draft lengths in `hf_metasd.draft_length`.
 """
 
 from __future__ import annotations
@@ -43,12 +45,11 @@ from .costs import CostModel, cost_key
 from .draft_length import DraftLength, RoundLength
 from .drafters import Drafter, unique_names
 from .errors import MetaSDConfigError, MetaSDTypeError, PolicyArmError
-from .feedback import Replay, replay_applies, replayed_feedback
+from .feedback import Replay, RoundRewards, replay_applies
 from .kernels import VerificationKernels
 from .policies import Policy
 from .reward_memory import RewardMemory
 from .rewards import RoundFeedback, is_cost_aware, reward_name
-from .round_rewards import RoundRewards
 from .settings import MetaSDSettings
 from .stats import MetaSDStats
 
@@ -342,19 +343,17 @@ class MetaCandidateGenerator(CandidateGenerator):
             return
         accepted = min(int(num_matches), round_.drafted)
         kept = accepted + 1 if num_kept is None else int(num_kept)
-        feedback = self._feedback(round_, scores, accepted)
+        seconds = self._measure(round_, accepted)
+        feedback = self._feedback(round_, scores, accepted, seconds)
         reward = None if feedback is None else self._learn(round_, feedback, input_ids, scores)
         if self.replay is not None:
-            self.stats.replay_rewards.append(self._replay_round(round_, feedback, input_ids, scores.shape[-1]))
+            self.stats.replay_rewards.append(self._replay(round_, feedback, input_ids, scores.shape[-1]))
         self._record(round_, min(accepted, kept), kept, reward)
 
-    def _feedback(self, round_: _Round, scores: torch.Tensor, accepted: int) -> RoundFeedback | None:
-        """The round as the reward sees it; folds what the round measured (its cost, its verification pass, its
-        arm's acceptance) into the call's estimates.
-
-        Returns None when the policy is not to learn from this round: a plain step that the policy did not choose
-        (every drafter it asked abstained and the fallback gave up), or the length limit left nothing to draft.
-        """
+    def _measure(self, round_: _Round, accepted: int) -> float:
+        """Fold what the round measured into the call's estimates, and return the round's wall time: the kernel's
+        pass cost (`VerificationKernels.after_pass`), the verification cost by length, the arm's acceptance and
+        drafting time (`DraftLength`), the round's cost (`CostModel`: the arm's, or a plain step's)."""
         arm, drafted, is_plain = round_.arm, round_.drafted, round_.tokens is None
         now = self.clock()
         seconds = now - round_.started
@@ -373,21 +372,20 @@ class MetaCandidateGenerator(CandidateGenerator):
                 self.lengths.observe_draft(
                     arm, drafted, round_.verify_started - round_.started - round_.prefill_seconds
                 )
-        if is_plain and arm != self.no_draft_arm:
-            return None
-        tokens = round_.tokens if not is_plain else scores.new_zeros(0, dtype=torch.long)
-        return RoundFeedback(
-            arm=arm,
-            draft_tokens=tokens,
-            target_logits=scores[0, : tokens.shape[0]],
-            draft_logits=round_.logits,
-            num_accepted=accepted,
+        return seconds
+
+    def _feedback(self, round_: _Round, scores: torch.Tensor, accepted: int, seconds: float) -> RoundFeedback | None:
+        """The round as the reward sees it (`RoundRewards.feedback`; changes nothing), or None when the policy is not
+        to learn from it."""
+        return self.rewards.feedback(
+            round_.arm,
+            round_.tokens,
+            round_.logits,
+            scores,
+            accepted,
             seconds=seconds,
             draft_seconds=round_.verify_started - round_.started,
             do_sample=self.do_sample,
-            num_assistant_tokens=self.num_assistant_tokens,
-            arm_seconds=self.costs.estimate(arm),
-            plain_seconds=self.rewards.plain_seconds(),
         )
 
     def _learn(
@@ -400,11 +398,13 @@ class MetaCandidateGenerator(CandidateGenerator):
             self.rewards.learn_counterfactual(self.drafters, feedback, reward, input_ids, scores)
         return reward
 
-    def _replay_round(
+    def _replay(
         self, round_: _Round, feedback: RoundFeedback | None, input_ids: torch.LongTensor, vocab_size: int
     ) -> list[tuple[int, float]]:
-        """Replayed rounds (see the module docstring): the replayed arms propose for this round, and every proposal
-        the sequence now decides is a side observation. Returns the ``(arm, reward)`` observations (telemetry)."""
+        """Replayed rounds (see the module docstring): the replayed arms propose for this round (each proposal's
+        round cost, proposing plus this verification, into `CostModel`), and every proposal the sequence now decides
+        is a side observation (its acceptance into `DraftLength`, its reward told by `RoundRewards.learn_replayed`).
+        Returns the ``(arm, reward)`` observations (telemetry)."""
         verify = None if feedback is None or round_.tokens is None or round_.first else feedback.seconds
         if verify is not None:
             verify -= feedback.draft_seconds
@@ -427,27 +427,14 @@ class MetaCandidateGenerator(CandidateGenerator):
                 )
             for replayed in proposed if verify is not None else ():  # its round's cost: proposing, this verification
                 self.costs.observe(replayed.arm, verify + replayed.seconds)
-        plain, sequence, decided = self.rewards.plain_seconds(), input_ids[0].tolist(), []
+        sequence = input_ids[0].tolist()
         with self.stats.timed("replay"):
-            for replayed, accepted in self.replay.decided(sequence):
+            decided = self.replay.decided(sequence)
+            for replayed, accepted in decided:
                 self.lengths.observe_acceptance(replayed.arm, len(replayed.tokens), accepted, replayed.match_class)
-                decided.append(
-                    replayed_feedback(
-                        replayed,
-                        accepted,
-                        sequence,
-                        vocab_size,
-                        num_assistant_tokens=self.num_assistant_tokens,
-                        arm_seconds=self.costs.estimate(replayed.arm),
-                        plain_seconds=plain,
-                    )
-                )
-        observed = [(f.arm, value) for f in decided if (value := self.rewards.value(f)) is not None]
-        if self.no_draft and round_.arm != self.no_draft_arm and plain is not None:
-            observed.append((self.no_draft_arm, self.rewards.plain_value(plain, vocab_size)))
-        for arm, value in observed:
-            self.rewards.tell(arm, value, side=True)
-        return observed
+        return self.rewards.learn_replayed(
+            decided, sequence, vocab_size, observe_no_draft=round_.arm != self.no_draft_arm
+        )
 
     def _record(self, round_: _Round, accepted: int, kept: int, reward: float | None) -> None:
         """The round's telemetry (`MetaSDStats`)."""

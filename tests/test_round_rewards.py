@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from hf_metasd.costs import CostModel
+from hf_metasd.feedback import RoundRewards
 from hf_metasd.policies import get_policy
 from hf_metasd.reward_memory import RewardMemory
 from hf_metasd.rewards import RoundFeedback
-from hf_metasd.round_rewards import RoundRewards
 from hf_metasd.stats import MetaSDStats
 
 N = 3  # the draft length cap: a plain step is worth 1 / (N + 1) under `speed`

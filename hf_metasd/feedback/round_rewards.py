@@ -1,7 +1,9 @@
-r"""`RoundRewards`: the rewards one call's policy learns from, and when each is known.
+r"""`RoundRewards`: what one call's policy learns from each round, and when each reward is known.
 
 The reward functions are pure (`hf_metasd.rewards`); what this module keeps is their bookkeeping within a call:
 
+* **The round's feedback** (`feedback`): the verified round as the reward sees it (a `RoundFeedback`), or nothing to
+  learn (a plain step the policy did not choose). Built from what the round measured; it changes nothing.
 * **A pull's reward** (`learn`): a cost-aware reward (`speed`) is in units of the smoothed cost of a plain step
   (`hf_metasd.costs.CostModel`), so it is known only once the pulled arm's cost and a plain step's are measured. The
   prompt's prefill round, whose wall time is dominated by the prompt, waits (is *deferred*) until its arm's cost is
@@ -12,6 +14,8 @@ The reward functions are pure (`hf_metasd.rewards`); what this module keeps is t
   (under `speed`, :math:`1 / (N + 1)`).
 * **Counterfactual rewards** (`learn_counterfactual`) for a full-information policy (``hedge``): every other drafter
   with logits, scored on the round's accepted window (`hf_metasd.feedback.counterfactual_feedback`).
+* **Replayed rewards** (`learn_replayed`): model-free arms that did not draft a round, scored in hindsight once the
+  sequence decides their proposals (`hf_metasd.feedback.Replay`), told to the policy as side observations.
 * Every reward told to the policy (`tell`: `Policy.update` for a pull, `Policy.observe` for a side observation) is
   also recorded in the call's `RewardMemory`, from which later calls take their learned priors.
 """
@@ -22,13 +26,14 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .costs import CostModel
-from .drafters import Drafter
-from .feedback import counterfactual_feedback
-from .policies import Policy
-from .reward_memory import RewardMemory
-from .rewards import RoundFeedback, get_reward, is_cost_aware
-from .stats import MetaSDStats
+from ..costs import CostModel
+from ..drafters import Drafter
+from ..policies import Policy
+from ..reward_memory import RewardMemory
+from ..rewards import RoundFeedback, get_reward, is_cost_aware
+from ..stats import MetaSDStats
+from .counterfactual import counterfactual_feedback
+from .replay import ReplayedRound, replayed_feedback
 
 __all__ = ["RoundRewards"]
 
@@ -82,6 +87,43 @@ class RoundRewards:
             and self.plain_seconds() is None
             and self.stats.rounds > 0
             and self.no_draft_arm not in self.stats.arms
+        )
+
+    def feedback(
+        self,
+        arm: int,
+        tokens: torch.Tensor | None,
+        draft_logits: torch.Tensor | None,
+        scores: torch.Tensor,
+        accepted: int,
+        *,
+        seconds: float,
+        draft_seconds: float,
+        do_sample: bool,
+    ) -> RoundFeedback | None:
+        """The verified round as the reward sees it: arm `arm` drafted `tokens` ``(n,)`` (``None``: a plain step) from
+        `draft_logits` ``(n, V)``, the target's `scores` ``(1, n + 1, V)`` accepted `accepted` of them, the round took
+        `seconds`, `draft_seconds` of them before verification; the arm's and a plain step's smoothed costs as known
+        now.
+
+        Returns ``None`` when the policy is not to learn from the round: a plain step that the policy did not choose
+        (every drafter it asked abstained and the fallback gave up), or the length limit left nothing to draft.
+        """
+        if tokens is None and arm != self.no_draft_arm:
+            return None
+        tokens = tokens if tokens is not None else scores.new_zeros(0, dtype=torch.long)
+        return RoundFeedback(
+            arm=arm,
+            draft_tokens=tokens,
+            target_logits=scores[0, : tokens.shape[0]],
+            draft_logits=draft_logits,
+            num_accepted=accepted,
+            seconds=seconds,
+            draft_seconds=draft_seconds,
+            do_sample=do_sample,
+            num_assistant_tokens=self.num_assistant_tokens,
+            arm_seconds=self.costs.estimate(arm),
+            plain_seconds=self.plain_seconds(),
         )
 
     def value(self, feedback: RoundFeedback) -> float | None:
@@ -168,6 +210,39 @@ class RoundRewards:
         self.stats.counterfactual_accepted.append(accepted_by)
         with self.stats.timed("policy"):
             self.policy.update_all(rewards)
+
+    def learn_replayed(
+        self,
+        decided: Sequence[tuple[ReplayedRound, int]],
+        sequence: Sequence[int],
+        vocab_size: int,
+        *,
+        observe_no_draft: bool,
+    ) -> list[tuple[int, float]]:
+        """Side observations for the policy: the reward of every replayed round the sequence now decides
+        (`hf_metasd.feedback.Replay.decided`: each with its accepted count) whose costs are known, and, with
+        `observe_no_draft` (the round did not pull the no-draft arm), the no-draft arm's reward known without a pull.
+        Returns the ``(arm, reward)`` observations told to the policy (telemetry)."""
+        plain = self.plain_seconds()
+        with self.stats.timed("replay"):
+            feedbacks = [
+                replayed_feedback(
+                    replayed,
+                    accepted,
+                    sequence,
+                    vocab_size,
+                    num_assistant_tokens=self.num_assistant_tokens,
+                    arm_seconds=self.costs.estimate(replayed.arm),
+                    plain_seconds=plain,
+                )
+                for replayed, accepted in decided
+            ]
+        observed = [(f.arm, value) for f in feedbacks if (value := self.value(f)) is not None]
+        if observe_no_draft and plain is not None:
+            observed.append((self.no_draft_arm, self.plain_value(plain, vocab_size)))
+        for arm, value in observed:
+            self.tell(arm, value, side=True)
+        return observed
 
     def __repr__(self) -> str:
         return f"RoundRewards(policy={self.policy!r}, cost_aware={self.cost_aware}, deferred={len(self._deferred)})"
