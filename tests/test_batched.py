@@ -1,7 +1,8 @@
 """Batched MetaSD (`hf_metasd.batched`): `input_ids` of shape (B, L) with left padding give exactly plain batched
 `generate`'s output (greedy tokens, per-row stopping and padding, stopping-criteria calls, streamed steps), one
-target forward pass per round for the whole batch, sampling per row from the target's distribution; what a batch
-cannot serve is refused before any compute."""
+target forward pass per round for the whole batch, sampling per row from the target's distribution; what rows cannot
+draft with runs plain rounds with plain's output (scores, logits, hidden states included), said in the telemetry; only
+MetaSD settings a batch cannot apply are refused, before any compute."""
 
 from __future__ import annotations
 
@@ -61,9 +62,24 @@ def forward_calls(target):
     handle.remove()
 
 
+@pytest.fixture
+def patient_guard(monkeypatch):
+    """The batch's drafting guard plays its plain round but never stops drafting: on a loaded machine a wall-clock
+    comparison may stop it, and the tests that use this count drafting rounds (the guard is tested in
+    tests/test_batched_heads.py)."""
+    import functools
+
+    import hf_metasd.batched.loop as loop
+    from hf_metasd.batched.lengths import DraftingGuard
+
+    monkeypatch.setattr(loop, "DraftingGuard", functools.partial(DraftingGuard, min_rounds=10**9))
+
+
 # ---------------------------------------------------------------------- greedy: plain batched generate's output
 @pytest.mark.parametrize("batch", [1, 3])
-def test_greedy_is_plain_batched_generate_through_both_entry_points(target, pool, entry_point, batch, forward_calls):
+def test_greedy_is_plain_batched_generate_through_both_entry_points(
+    target, pool, entry_point, batch, forward_calls, patient_guard
+):
     ids, mask = left_pad(ROWS[:batch] if batch == 3 else ROWS[1:2])
     plain = _plain(target, ids, mask, 24)
     forward_calls.clear()
@@ -104,25 +120,26 @@ def _architectures():
 
 @pytest.mark.parametrize("family", _architectures())
 def test_the_architecture_matrix_at_batch_size_two(family):
-    """Every attention family of tests/test_architectures.py (rotary, ALiBi, absolute positions, MoE) gives plain
-    batched generate's output; sliding-window, recurrent and hybrid families are refused before any compute."""
+    """Every family of tests/test_architectures.py gives plain batched generate's output: the full-attention families
+    (rotary, ALiBi, absolute positions, MoE) while drafting, the sliding-window, recurrent and hybrid families in plain
+    rounds, said once in the telemetry."""
     from test_architectures import ARCHITECTURES, RECURRENT, build
 
     model = build(family)
-    if family in RECURRENT or "sliding_window" in ARCHITECTURES[family][2]:
-        calls = []
-        model.register_forward_pre_hook(lambda *_: calls.append(1))
-        ids, mask = left_pad(ROWS)
-        match = r"the target's cache must hold full-attention layers only at batch size > 1"
-        _refused(calls, match, lambda: _metasd(model, ids, mask, 8, [PromptLookupDrafter()]))
-        return
+    plain_only = family in RECURRENT or "sliding_window" in ARCHITECTURES[family][2]
     for seed in range(2):
         rows = [p[0].tolist() for p in prompts(2, seed=seed)]
         ids, mask = left_pad(rows)
         plain = _plain(model, ids, mask, 10)
         half = [rows[b] + plain[b, ids.shape[1] : ids.shape[1] + 6].tolist() for b in range(2)]
         pool = [CorpusDrafter.from_sequences(half), PromptLookupDrafter(max_matching_ngram_size=2)]
-        assert torch.equal(_metasd(model, ids, mask, 10, pool).sequences, plain), f"seed {seed}"
+        out = _metasd(model, ids, mask, 10, pool)
+        assert torch.equal(out.sequences, plain), f"seed {seed}"
+        reason = out.metasd.plain_reason or ""
+        assert reason.startswith("every round: the target's cache") == plain_only, reason
+        if plain_only:
+            assert out.metasd.plain_tokens == out.metasd.output_tokens == [10, 10]
+            assert all(row.rounds == 0 for row in out.metasd.rows)
 
 
 @pytest.mark.parametrize("max_new_tokens", [1, 7])
@@ -249,6 +266,20 @@ def test_learned_priors_are_kept_per_target_and_batch_size(target, pool):
     assert all(row.learned_priors == {} for row in _metasd(target, ids[:2], mask[:2], 12, pool).metasd.rows)
 
 
+def test_a_target_config_is_what_plain_uses(pool):
+    """A target with several EOS ids in its generation config: the same padding as plain."""
+    torch.manual_seed(3)
+    model = LlamaForCausalLM(
+        LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4)
+    ).eval()
+    ids, mask = left_pad(ROWS)
+    reference = _plain(model, ids, mask, 12, pad_token_id=0)
+    model.generation_config.eos_token_id = [int(reference[0, -9]), int(reference[2, -5])]
+    model.generation_config.pad_token_id = 0
+    plain = _plain(model, ids, mask, 12)
+    assert torch.equal(_metasd(model, ids, mask, 12, pool).sequences, plain)
+
+
 # ---------------------------------------------------------------------- sampling
 class SampledDrafter(Drafter):
     """A model-free drafter that samples from a fixed distribution and returns its logits: the speculative-sampling
@@ -314,7 +345,7 @@ def test_sampling_follows_the_target_distribution_per_row(drafter):
         assert scipy_stats.chisquare(obs.numpy(), (exp * obs.sum() / exp.sum()).numpy()).pvalue > 1e-3
 
 
-# ---------------------------------------------------------------------- refusals, before any compute
+# ---------------------------------------------------------------------- refusals (MetaSD settings), before any compute
 def _refused(forward_calls, match, fn):
     forward_calls.clear()
     with pytest.raises(MetaSDConfigError, match=match):
@@ -332,16 +363,6 @@ def test_a_policy_object_is_refused_at_batch_size_above_one(target, pool, forwar
     )
 
 
-@pytest.mark.parametrize("output", ["output_scores", "output_logits", "output_hidden_states", "output_attentions"])
-def test_per_step_outputs_are_refused_at_batch_size_above_one(target, pool, forward_calls, output):
-    ids, mask = left_pad(ROWS)
-    _refused(
-        forward_calls,
-        rf"`{output}` must be False at batch size > 1 \(plain `generate` computes them for finished rows too",
-        lambda: _metasd(target, ids, mask, 5, pool, **{output: True}),
-    )
-
-
 def test_the_transposed_kernel_is_refused_at_batch_size_above_one(target, pool, forward_calls):
     ids, mask = left_pad(ROWS)
     _refused(
@@ -351,7 +372,69 @@ def test_the_transposed_kernel_is_refused_at_batch_size_above_one(target, pool, 
     )
 
 
-def test_a_sliding_window_target_is_refused_at_batch_size_above_one(pool):
+# ---------------------------------------------------------------------- what rows cannot draft with: plain rounds
+#: the output field each per-step output fills
+_OUTPUT_FIELDS = {
+    "output_scores": "scores",
+    "output_logits": "logits",
+    "output_hidden_states": "hidden_states",
+    "output_attentions": "attentions",
+}
+
+
+#: rounds that do not depend on this machine's clock: always the drafter, an acceptance reward, a fixed draft length
+_DETERMINISTIC = {"meta_policy": "fixed", "meta_reward": "be", "meta_draft_length": "fixed"}
+
+
+def _same(a, b) -> bool:
+    """Exactly equal: tensors bit for bit (float32), tuples element by element, None and None."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        return isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) and all(map(_same, a, b))
+    return a is None and b is None
+
+
+def _plain_rounds(out, reason: str) -> None:
+    """`out`'s batch ran every round plain, for `reason`, said once in its telemetry."""
+    stats = out.metasd
+    assert stats.plain_reason.startswith(f"every round: {reason}"), stats.plain_reason
+    assert stats.plain_tokens == stats.output_tokens and stats.rounds == 0
+    assert all(row.rounds == 0 for row in stats.rows) and "plain rounds: every round" in stats.summary()
+
+
+@pytest.mark.parametrize("output", list(_OUTPUT_FIELDS))
+def test_per_step_outputs_are_plain_generate_s_at_batch_size_above_one(
+    target, pool, continuations, entry_point, output
+):
+    """Plain computes them in one-token steps (a verification pass's differ in the last bits) and for finished rows too
+    (row 0 stops at its EOS, then its padding is fed): plain rounds give them bit for bit, through both entry points."""
+    ids, mask = left_pad(ROWS)
+    kwargs = {output: True, "return_dict_in_generate": True, "eos_token_id": [continuations[0][2]], "pad_token_id": 0}
+    plain = _plain(target, ids, mask, 8, **kwargs)
+    out = _metasd(target, ids, mask, 8, pool, **kwargs)
+    assert torch.equal(out.sequences, plain.sequences)
+    name = _OUTPUT_FIELDS[output]
+    assert getattr(plain, name) is not None and _same(getattr(out, name), getattr(plain, name))
+    assert len(getattr(out, name)) == plain.sequences.shape[1] - ids.shape[1] == 8
+    _plain_rounds(out, f"`{output}` is True (plain computes them in one-token steps, for finished rows too)")
+    assert out.metasd.output_tokens == [3, 8, 8]  # row 0's EOS is its third token
+
+
+def test_scores_with_sampling_are_plain_generate_s(target, pool):
+    """Plain rounds draw as plain does: with one seed, the same samples and scores as plain batched generate."""
+    ids, mask = left_pad(ROWS)
+    kwargs = {"do_sample": True, "max_new_tokens": 8, "output_scores": True, "return_dict_in_generate": True}
+    torch.manual_seed(7)
+    plain = target.generate(ids, attention_mask=mask, **kwargs)
+    torch.manual_seed(7)
+    out = target.generate(
+        ids, attention_mask=mask, custom_generate=hf_metasd.generate, assistant_models=pool, **kwargs
+    )
+    assert torch.equal(out.sequences, plain.sequences) and _same(out.scores, plain.scores)
+
+
+def test_a_sliding_window_target_runs_plain_rounds(pool, entry_point):
     torch.manual_seed(0)
     config = MistralConfig(
         vocab_size=96,
@@ -363,53 +446,110 @@ def test_a_sliding_window_target_is_refused_at_batch_size_above_one(pool):
         sliding_window=4,
     )
     model = MistralForCausalLM(config).eval()
-    calls = []
-    model.register_forward_pre_hook(lambda *_: calls.append(1))
     ids, mask = left_pad(ROWS)
-    _refused(
-        calls,
-        r"the target's cache must hold full-attention layers only at batch size > 1 .*, but holds "
-        r"DynamicSlidingWindowLayer\. Call `generate` once per prompt",
-        lambda: _metasd(model, ids, mask, 5, pool, pad_token_id=0),
+    plain = _plain(model, ids, mask, 12, pad_token_id=0)
+    out = _metasd(model, ids, mask, 12, pool, pad_token_id=0)
+    assert torch.equal(out.sequences, plain)
+    _plain_rounds(
+        out, "the target's cache holds `DynamicSlidingWindowLayer` layers (a row's rejected slots are masked"
     )
 
 
-def test_a_filled_cache_is_refused_at_batch_size_above_one(target, pool, forward_calls):
+def test_a_filled_cache_runs_plain_rounds(target, pool):
+    """A cache passed in that holds positions: plain generate continues it, and so does the batch (plain rounds),
+    returning the cache as plain does."""
     from transformers import DynamicCache
 
     ids, mask = left_pad(ROWS)
-    cache = DynamicCache(config=target.config)
+    caches = [DynamicCache(config=target.config) for _ in range(2)]
     with torch.no_grad():
-        target(ids[:, :2], attention_mask=mask[:, :2], cache=cache)
-    _refused(
-        forward_calls,
-        r"`cache` must be empty at batch size > 1 \(a batch starts from its prompts\), but holds 2 positions\.",
-        lambda: _metasd(target, ids, mask, 5, pool, cache=cache),
-    )
+        for cache in caches:
+            target(ids[:, :2], attention_mask=mask[:, :2], cache=cache)
+    plain = _plain(target, ids, mask, 6, cache=caches[0], return_dict_in_generate=True)
+    out = _metasd(target, ids, mask, 6, pool, cache=caches[1])
+    assert torch.equal(out.sequences, plain.sequences)
+    assert out.cache is caches[1] and out.cache.get_seq_length() == plain.cache.get_seq_length()
+    _plain_rounds(out, "the cache passed in holds 2 positions")
 
 
-def test_an_empty_row_is_refused(target, pool, forward_calls):
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("empty", [0, 1])
+def test_a_row_whose_mask_keeps_no_token_gets_plain_generate_s_tokens(entry_point, attention, empty, patient_guard):
+    """Plain gives such a row tokens (its first from attention over no token, which each attention implementation
+    computes its own way): the prefill round is plain's prefill pass, then every row drafts, that row too."""
+    model = sharpen(tiny_llama(0))
+    model.set_attn_implementation(attention)
     ids, mask = left_pad(ROWS)
-    mask[0] = 0
-    _refused(
-        forward_calls,
-        r"`attention_mask` must keep at least one token of every row, but row 0 has none\. Drop that prompt\.",
-        lambda: _metasd(target, ids, mask, 5, pool),
-    )
+    mask[empty] = 0
+    plain = _plain(model, ids, mask, 16)
+    width = ids.shape[1]
+    corpus = [plain[b, width:].tolist() for b in range(3)] + [ROWS[b] + plain[b, width:].tolist() for b in range(3)]
+    out = _metasd(model, ids, mask, 16, [CorpusDrafter.from_sequences(corpus)], **_DETERMINISTIC)
+    assert torch.equal(out.sequences, plain)
+    stats = out.metasd
+    assert stats.plain_reason.startswith(f"the prefill round: row {empty}'s `attention_mask` keeps no token")
+    assert all(sum(row.accepted) > 0 for row in stats.rows)  # every row drafted, the empty one too
+    assert stats.plain_tokens == [2, 2, 2]  # the prefill round and the guard's plain round
 
 
-def test_a_target_config_is_what_plain_uses(pool):
-    """A target with several EOS ids in its generation config: the same padding as plain."""
-    torch.manual_seed(3)
-    model = LlamaForCausalLM(
-        LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4)
-    ).eval()
+def test_token_type_ids_are_fed_like_the_mask_while_rows_draft(entry_point):
+    """gpt2 embeds token types: every later token takes its row's last type (as plain extends them) on every column a
+    pass feeds, drafted ones included."""
+    from test_architectures import build
+
+    model = build("gpt2")
     ids, mask = left_pad(ROWS)
-    reference = _plain(model, ids, mask, 12, pad_token_id=0)
-    model.generation_config.eos_token_id = [int(reference[0, -9]), int(reference[2, -5])]
-    model.generation_config.pad_token_id = 0
-    plain = _plain(model, ids, mask, 12)
-    assert torch.equal(_metasd(model, ids, mask, 12, pool).sequences, plain)
+    types = (torch.arange(ids.shape[1]) % 3 == 0).long().repeat(3, 1)
+    types[1] = 1 - types[1]  # rows end on different types
+    plain = _plain(model, ids, mask, 16, token_type_ids=types)
+    assert not torch.equal(plain, _plain(model, ids, mask, 16))  # the types change the output
+    width = ids.shape[1]
+    corpus = [ROWS[b] + plain[b, width:].tolist() for b in range(3)]
+    out = _metasd(model, ids, mask, 16, [CorpusDrafter.from_sequences(corpus)], token_type_ids=types, **_DETERMINISTIC)
+    assert torch.equal(out.sequences, plain)
+    assert out.metasd.plain_reason is None and all(sum(row.accepted) > 0 for row in out.metasd.rows)
+
+
+def test_other_model_inputs_run_plain_rounds(target, pool):
+    ids, mask = left_pad(ROWS)
+    embeds = target.get_input_embeddings()(ids).detach()
+    plain = _plain(target, ids, mask, 6, inputs_embeds=embeds)
+    out = _metasd(target, ids, mask, 6, pool, inputs_embeds=embeds)
+    assert torch.equal(out.sequences, plain)
+    _plain_rounds(out, "`inputs_embeds` is a model input (rows draft with `input_ids`, `attention_mask` and")
+
+
+def test_a_tensor_parallel_target_runs_plain_rounds(target, pool, monkeypatch):
+    """Its ranks would have to agree on every row's drafts: plain rounds (the tiny target stands for a sharded one)."""
+    import hf_metasd.batched.plain as plain_module
+
+    ids, mask = left_pad(ROWS)
+    plain = _plain(target, ids, mask, 6)
+    monkeypatch.setattr(plain_module, "tensor_parallel_group", lambda model: object())
+    out = _metasd(target, ids, mask, 6, pool)
+    assert torch.equal(out.sequences, plain)
+    _plain_rounds(out, "the target is tensor-parallel")
+
+
+def test_plain_reason_names_what_generate_never_prepares_for_a_text_model(target):
+    """Several position streams, no cache, a cache of no layers: `plain_reason` (called directly; the tiny models
+    here have none of them)."""
+    from types import SimpleNamespace
+
+    from transformers import DynamicCache
+
+    from hf_metasd.batched import plain_reason
+
+    ids, mask = left_pad(ROWS)
+    kwargs = {"attention_mask": mask, "position_ids": mask.cumsum(-1), "cache": DynamicCache(config=target.config)}
+    config = target.generation_config
+    assert plain_reason(target, config, kwargs) is None  # as generate prepares them: rows draft
+    assert plain_reason(target, config, {**kwargs, "cache": None}) == "`generate` prepared no cache"
+    positions = kwargs["position_ids"][None]
+    assert plain_reason(target, config, {**kwargs, "position_ids": positions}).startswith("the target takes 3-D")
+    reason = plain_reason(target, config, {**kwargs, "cache": SimpleNamespace()})
+    assert reason == "the target's cache is a `SimpleNamespace` without layers"
+    assert plain_reason(target, config, {**kwargs, "token_type_ids": mask[None]}).startswith("`token_type_ids` is 3-D")
 
 
 # ---------------------------------------------------------------------- the benchmark hook
@@ -449,39 +589,6 @@ def test_the_cli_passes_the_batch_size(monkeypatch):
     assert main(["bench", "--batch-size", "4", "--quick"]) == 0 and seen["batch_size"] == 4
     with pytest.raises(ValueError, match=r"`batch_size` must be an int >= 1, but is 0\. Use e\.g\. 4\."):
         original(batch_size=0)  # refused before any model loads
-
-
-def test_other_model_inputs_are_refused_at_batch_size_above_one(target, pool, forward_calls):
-    ids, mask = left_pad(ROWS)
-    embeds = target.get_input_embeddings()(ids).detach()
-    _refused(
-        forward_calls,
-        r"the model inputs must be `input_ids` and `attention_mask` at batch size > 1, but `inputs_embeds` was given\.",
-        lambda: _metasd(target, ids, mask, 5, pool, inputs_embeds=embeds),
-    )
-
-
-def test_what_generate_never_prepares_for_a_text_model_is_refused(target, pool, monkeypatch):
-    """A tensor-parallel target, several position streams, no cache: refused by `check_batch` (called directly; the
-    tiny models here have none of them)."""
-    from transformers import DynamicCache
-
-    import hf_metasd.batched.call as call
-    from hf_metasd.settings import MetaSDSettings
-
-    ids, mask = left_pad(ROWS)
-    kwargs = {"attention_mask": mask, "position_ids": mask.cumsum(-1), "cache": DynamicCache(config=target.config)}
-    config, settings = target.generation_config, MetaSDSettings()
-    call.check_batch(target, config, pool, settings, kwargs)  # as generate prepares them: accepted
-    with pytest.raises(
-        MetaSDConfigError, match=r"the target.s cache must be prepared by `generate` at batch size > 1, but is None"
-    ):
-        call.check_batch(target, config, pool, settings, {**kwargs, "cache": None})
-    with pytest.raises(MetaSDConfigError, match=r"position ids must be 2-D at batch size > 1, but are 3-D"):
-        call.check_batch(target, config, pool, settings, {**kwargs, "position_ids": kwargs["position_ids"][None]})
-    monkeypatch.setattr(call, "tensor_parallel_group", lambda model: object())
-    with pytest.raises(MetaSDConfigError, match=r"batch size must be 1 on a tensor-parallel target, but is above 1"):
-        call.check_batch(target, config, pool, settings, kwargs)
 
 
 def test_plain_steps_refuse_a_row_that_needs_no_tokens_and_see_when_no_row_can_go_on():

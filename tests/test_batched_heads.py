@@ -138,6 +138,28 @@ def test_an_assistant_model_per_row_through_both_entry_points(target, target_cop
     assert sum(d for row in rows for arm, d in zip(row.arms, row.drafted) if arm < 2) > 0  # the models drafted
 
 
+@pytest.mark.parametrize("kind", ["feature_head", "model", "early_exit"])
+def test_a_row_whose_mask_keeps_no_token_drafts_with_drafters_that_have_a_model(
+    target, target_copy, kind, always_drafting
+):
+    """The row's drafters start from its first token (the prefill round is plain, `hf_metasd.batched.plain`): a
+    feature head, an assistant model (an exact copy: every drafted token accepted) and early exit draft it too."""
+    ids, mask = left_pad(ROWS)
+    mask[1] = 0
+    drafter = {
+        "feature_head": lambda: FeatureHeadDrafter(trained_head(target)),
+        "model": lambda: target_copy,
+        "early_exit": lambda: EarlyExitDrafter(target, 1),
+    }[kind]()
+    kwargs = {"meta_policy": "fixed", "meta_reward": "be", "meta_draft_length": "fixed"}
+    out = _metasd(target, ids, mask, MAX_NEW, [drafter], **kwargs)
+    assert torch.equal(out.sequences, _plain(target, ids, mask, MAX_NEW))
+    assert out.metasd.plain_reason.startswith("the prefill round: row 1's `attention_mask` keeps no token")
+    assert out.metasd.plain_tokens == [1, 1, 1] and sum(out.metasd.rows[1].drafted) > 0
+    if kind == "model":
+        assert all(row.accepted == row.drafted for row in out.metasd.rows)
+
+
 # ---------------------------------------------------------------------- draft lengths follow the batch's passes
 def test_a_row_s_draft_length_follows_the_pass_cost_at_the_batch_size():
     """Passes that cost 8 + T for T tokens in all (a fixed part, then every token): a row's share of a pass of R rows

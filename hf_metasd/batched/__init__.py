@@ -14,12 +14,19 @@ moves, the attention mask and the position ids (which follow the mask, as plain 
 which slots each row sees, the last slots no row kept are cropped after each pass, and rows that need no more tokens
 are dropped from the cache. The price is memory: per pass a row wastes at most ``max_b kept_b - kept_row`` slots (at
 most the draft length), counted per row in `MetaSDBatchStats.wasted_slots`. It needs full-attention layers (a sliding
-window counts slots, not tokens; a recurrent state cannot skip a slot): other targets are refused at B > 1.
+window counts slots, not tokens; a recurrent state cannot skip a slot).
+
+**Plain rounds, never a refusal** (`hf_metasd.batched.plain`): what plain batched `generate` runs, a batch runs. Where
+rows cannot draft (other cache layers, per-step outputs such as `output_scores`, a cache passed in, a tensor-parallel
+target, model inputs other than `attention_mask` and `token_type_ids`), every round is a plain round: the call runs
+plain `generate`'s own loop, and `MetaSDBatchStats.plain_reason` says why. `token_type_ids` are fed like the mask
+(each later token takes its row's last type, as plain extends them); a row whose mask keeps no token makes the prefill
+round plain.
 
 **Drafters.** Every drafter drafts per row, with the row's own copy (`Drafter.spawn`: a model drafter's own KV
 cache, a feature head's own cache), and the no-draft arm verifies only the row's own next token. Drafting is not
-batched across rows (a row's draft continues its own cache, of its own length); what a batch cannot return as plain
-does is refused before any compute (`check_batch`). White-box drafters (`FeatureHeadDrafter`) read the target's
+batched across rows (a row's draft continues its own cache, of its own length); only MetaSD settings a batch cannot
+apply are refused before any compute (`check_batch`: a `Policy` object, `meta_skinny_gemm=True`). White-box drafters (`FeatureHeadDrafter`) read the target's
 features: the shared pass records them (`FeatureRecorder`), and each row's generator is handed those of the
 positions of its own that it kept, as the single-request loop hands them (`hf_metasd.decoding`).
 
@@ -30,11 +37,12 @@ costs more than they bring.
 
 Modules: `steps` (plain `generate`'s step-wise stopping over rows that run ahead of each other), `slots` (the
 cache's mask and positions), `processors` (the logits processors over the whole batch, as plain runs them),
-`lengths` (the passes' costs, each row's share), `loop` (the rounds), `telemetry` (`MetaSDBatchStats`), `call`
-(checks, one generator per row).
+`lengths` (the passes' costs, each row's share), `loop` (the rounds), `plain` (what rows cannot draft with, and plain
+rounds for it), `telemetry` (`MetaSDBatchStats`), `call` (checks, one generator per row).
 """
 
 from .call import batch_key, check_batch, generate_batch
+from .plain import plain_reason
 from .telemetry import MetaSDBatchStats
 
-__all__ = ["MetaSDBatchStats", "batch_key", "check_batch", "generate_batch"]
+__all__ = ["MetaSDBatchStats", "batch_key", "check_batch", "generate_batch", "plain_reason"]

@@ -1,4 +1,5 @@
-"""A MetaSD call on a batch: the checks it needs before any compute, one candidate generator per row, the loop.
+"""A MetaSD call on a batch: the settings it refuses before any compute, one candidate generator per row, the loop
+(or, where rows cannot draft, plain rounds: `hf_metasd.batched.plain`).
 
 `hf_metasd.generate` hands a call whose `input_ids` hold more than one row to `generate_batch`, with the function
 that builds a candidate generator (`hf_metasd.generation.build_candidate_generator`: the target's and the drafters'
@@ -12,30 +13,24 @@ from __future__ import annotations
 
 import copy
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
 import torch
-from transformers.cache_utils import DynamicLayer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .._distributed import tensor_parallel_group
 from ..drafters import as_drafters
 from ..errors import MetaSDConfigError
 from ..policies import Policy
 from .lengths import PassCosts, RowLengths
 from .loop import RowClocks, batched_decoding
+from .plain import plain_reason, run_plain
 from .processors import BatchScores, RowProcessors
 from .steps import PlainSteps
 from .telemetry import MetaSDBatchStats
 
 __all__ = ["batch_key", "check_batch", "generate_batch"]
-
-#: the model inputs a batch understands (what `generate` prepares for a decoder-only text model)
-_MODEL_INPUTS = {"attention_mask", "position_ids", "cache", "use_cache", "logits_to_keep"}
-#: outputs plain `generate` computes for finished rows too (on their padding), which a batch does not
-_ROW_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
 
 
 class _BatchKey:
@@ -66,70 +61,20 @@ def batch_key(target: Any, batch_size: int) -> Any:
     return keys.setdefault(batch_size, _BatchKey(batch_size))
 
 
-def check_batch(
-    model: Any, generation_config: Any, drafters: Sequence[Any], settings: Any, model_kwargs: dict[str, Any]
-) -> None:
-    """Refuse, before any compute, what a batch cannot serve exactly as plain batched `generate` (see the docs page
-    "Batches"). Every drafter kind is served: each row drafts with copies of its own (`Drafter.spawn`)."""
+def check_batch(settings: Any) -> None:
+    """Refuse, before any compute, the MetaSD settings a batch cannot apply (see the docs page "Batches"). What plain
+    batched `generate` runs is never refused: what rows cannot draft with runs plain rounds (`plain_reason`)."""
+    if isinstance(settings.meta_policy, Policy):  # before a row's generator binds it
+        raise MetaSDConfigError(
+            f"`meta_policy` must be a policy name at batch size > 1 (every row learns with a policy of its own), but "
+            f"is a `{type(settings.meta_policy).__name__}` object. Pass its name, and its settings as "
+            "`meta_policy_kwargs`."
+        )
     if settings.meta_skinny_gemm:
         raise MetaSDConfigError(
             "`meta_skinny_gemm` must be None or False at batch size > 1 (the transposed product serves passes of a "
             "few tokens; a batch's pass verifies every row's), but is True. Drop it."
         )
-    if tensor_parallel_group(model) is not None:
-        raise MetaSDConfigError(
-            "batch size must be 1 on a tensor-parallel target, but is above 1. Call `generate` once per prompt."
-        )
-    if generation_config.return_dict_in_generate:
-        for name in _ROW_OUTPUTS:
-            if getattr(generation_config, name, False):
-                raise MetaSDConfigError(
-                    f"`{name}` must be False at batch size > 1 (plain `generate` computes them for finished rows "
-                    f"too, which a MetaSD batch never feeds again), but is True. Drop it, or call `generate` once per "
-                    "prompt."
-                )
-    for key, value in model_kwargs.items():
-        if key not in _MODEL_INPUTS and value is not None:
-            raise MetaSDConfigError(
-                f"the model inputs must be `input_ids` and `attention_mask` at batch size > 1, but `{key}` was given. "
-                "Call `generate` once per prompt with it."
-            )
-    cache = model_kwargs.get("cache")
-    if cache is None:
-        raise MetaSDConfigError(
-            "the target's cache must be prepared by `generate` at batch size > 1, but is None. Leave `use_cache` at "
-            "True and let `generate` build the cache."
-        )
-    if cache.get_seq_length() > 0:
-        raise MetaSDConfigError(
-            f"`cache` must be empty at batch size > 1 (a batch starts from its prompts), but holds "
-            f"{cache.get_seq_length()} positions. Pass each conversation whole as `input_ids`, or call `generate` "
-            "once per prompt."
-        )
-    odd = [type(layer).__name__ for layer in cache.layers if not _full_attention(layer)]
-    if odd:
-        raise MetaSDConfigError(
-            "the target's cache must hold full-attention layers only at batch size > 1 (a row's rejected slots are "
-            f"masked out of its attention, which a sliding window or a recurrent state cannot do), but holds {odd[0]}. "
-            "Call `generate` once per prompt for this model."
-        )
-    positions = model_kwargs.get("position_ids")
-    if positions is not None and positions.ndim != 2:
-        raise MetaSDConfigError(
-            f"the target's position ids must be 2-D at batch size > 1, but are {positions.ndim}-D (several position "
-            "streams). Call `generate` once per prompt for this model."
-        )
-    mask = model_kwargs.get("attention_mask")
-    if mask is not None and not bool(mask.any(dim=1).all()):
-        row = int((~mask.any(dim=1)).nonzero()[0, 0])
-        raise MetaSDConfigError(
-            f"`attention_mask` must keep at least one token of every row, but row {row} has none. Drop that prompt."
-        )
-
-
-def _full_attention(layer: Any) -> bool:
-    """A plain growing full-attention layer (not a sliding window, a recurrent state, a quantized or a shared one)."""
-    return type(layer) is DynamicLayer
 
 
 def generate_batch(
@@ -171,26 +116,83 @@ def generate_batch(
         processors = RowProcessors(scores, b, input_ids[b], rows[b].shape[1])
         return build(model, config, processors, rows[b], drafters, settings, cost_key=key, clock=clocks.clock(b))
 
-    if isinstance(settings.meta_policy, Policy):  # before a row's generator binds it
-        raise MetaSDConfigError(
-            f"`meta_policy` must be a policy name at batch size > 1 (every row learns with a policy of its own), but "
-            f"is a `{type(settings.meta_policy).__name__}` object. Pass its name, and its settings as "
-            "`meta_policy_kwargs`."
-        )
-    generators = [build_row(0)]  # the target's and the drafters' checks first, as for one request
-    check_batch(model, generation_config, generators[0].drafters, settings, model_kwargs)
-    generators += [build_row(b) for b in range(1, batch)]
+    check_batch(settings)
+    generators = [build_row(b) for b in range(batch)]  # row 0's first: the target's and the drafters' checks
     if streamer is None and metasd_streamer is not None:
         streamer = metasd_streamer  # transformers never saw this one: it gets the prompt here (and refuses a batch
         streamer.put(input_ids.cpu())  # as plain `generate` does, if it takes one row only)
-    steps.streamer = streamer
-    # the pass costs every row's draft length reads (`hf_metasd.batched.lengths`)
-    passes = PassCosts(batch, generators[0].num_assistant_tokens, target=key)
-    for generator in generators:
-        generator.lengths = generator.round_length.lengths = RowLengths.adopt(generator.lengths, passes)
     telemetry = MetaSDBatchStats([g.stats for g in generators])
     shared = as_drafters(drafters, model)
     start = clocks.now()
+    reason = plain_reason(model, generation_config, model_kwargs)
+    if reason is not None:  # every round plain: transformers' own loop (`hf_metasd.batched.plain`)
+        telemetry.plain_reason = f"every round: {reason}"
+        output, ends = run_plain(
+            model,
+            input_ids,
+            logits_processor=logits_processor,
+            stopping_criteria=stopping_criteria,
+            generation_config=generation_config,
+            streamer=streamer,
+            model_kwargs=model_kwargs,
+        )
+        sequences = output if isinstance(output, torch.Tensor) else output.sequences
+        telemetry.output_tokens, telemetry.plain_tokens = ends, list(ends)
+    else:
+        output, sequences = (
+            None,
+            _drafting(
+                model,
+                input_ids,
+                generators,
+                clocks,
+                steps,
+                scores,
+                streamer,
+                shared,
+                key,
+                telemetry,
+                generation_config,
+                model_kwargs,
+            ),
+        )
+        ends = telemetry.output_tokens
+    telemetry.wall_seconds = clocks.now() - start
+    for b, generator in enumerate(generators):
+        stats = generator.stats
+        stats.wall_seconds = clocks.elapsed[b]
+        stats.draft_length = generator.draft_length
+        stats.verification_costs = generator.lengths.summary()
+        for drafter in shared:
+            row = torch.cat([rows[b][0], sequences[b, length : length + ends[b]]])[None]
+            drafter.on_generation_end(row, rows[b].shape[1])
+    if isinstance(output, GenerateDecoderOnlyOutput):  # plain's: with its scores, logits, cache, ...
+        return output_class(**dict(output.items()), metasd=telemetry)
+    if generation_config.return_dict_in_generate:
+        return output_class(sequences=sequences, metasd=telemetry)
+    return sequences
+
+
+def _drafting(
+    model: Any,
+    input_ids: torch.LongTensor,
+    generators: list[Any],
+    clocks: RowClocks,
+    steps: PlainSteps,
+    scores: BatchScores,
+    streamer: Any,
+    shared: list[Any],
+    key: Any,
+    telemetry: MetaSDBatchStats,
+    generation_config: Any,
+    model_kwargs: dict[str, Any],
+) -> torch.LongTensor:
+    """The rounds in which rows draft (`hf_metasd.batched.loop`), each row's draft length reading the batch's pass
+    costs (`hf_metasd.batched.lengths`). Returns the sequences."""
+    steps.streamer = streamer
+    passes = PassCosts(input_ids.shape[0], generators[0].num_assistant_tokens, target=key)
+    for generator in generators:
+        generator.lengths = generator.round_length.lengths = RowLengths.adopt(generator.lengths, passes)
     with ExitStack() as stack:
         for drafter in shared:
             stack.enter_context(drafter.in_use())
@@ -208,16 +210,4 @@ def generate_batch(
         )
     if streamer is not None:
         streamer.end()
-    telemetry.wall_seconds = clocks.now() - start
-    ends = telemetry.output_tokens
-    for b, generator in enumerate(generators):
-        stats = generator.stats
-        stats.wall_seconds = clocks.elapsed[b]
-        stats.draft_length = generator.draft_length
-        stats.verification_costs = generator.lengths.summary()
-        for drafter in shared:
-            output = torch.cat([rows[b][0], sequences[b, length : length + ends[b]]])[None]
-            drafter.on_generation_end(output, rows[b].shape[1])
-    if generation_config.return_dict_in_generate:
-        return output_class(sequences=sequences, metasd=telemetry)
     return sequences

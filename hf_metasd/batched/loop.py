@@ -148,6 +148,15 @@ def batched_decoding(
     recorders = {ids: FeatureRecorder(model, ids) for ids in layers}
     do_sample = bool(generation_config.do_sample)
     takes_keep = "logits_to_keep" in model_kwargs
+    types = model_kwargs.get("token_type_ids")  # (B, L); every later token takes its row's last type, as in plain
+    # a row whose mask keeps no token: its first token comes from attention over no token, which only plain's own
+    # prefill pass gives exactly (a pass with draft columns is wider), so the prefill round drafts nothing
+    empty = (~mask.bool().any(dim=1)).nonzero()[:, 0].tolist()
+    if empty and telemetry is not None:
+        telemetry.plain_reason = (
+            f"the prefill round: row {empty[0]}'s `attention_mask` keeps no token (its first token comes from "
+            "attention over no token, as in plain's prefill pass)"
+        )
     first = True
     while not steps.finished:
         if steps.stuck():
@@ -156,7 +165,7 @@ def batched_decoding(
         if not first:
             slots.keep_rows(rows, cache)
         passes.rows = len(rows)
-        round_started, drafting = clocks.now(), guard.drafting(first)
+        round_started, drafting = clocks.now(), guard.drafting(first) and not (first and empty)
         drafts: list[tuple[torch.LongTensor, torch.Tensor | None]] = []
         for b in rows:
             if not drafting:  # a plain round: the row verifies its next token only, its generator sits it out
@@ -186,6 +195,8 @@ def batched_decoding(
             extra = {"logits_to_keep": inputs.keep} if takes_keep else {}
             if takes_positions:
                 extra["position_ids"] = inputs.positions
+            if types is not None:
+                extra["token_type_ids"] = _fed_types(types, rows, inputs, first)
             model_inputs = model.prepare_inputs_for_generation(
                 inputs.ids, cache=cache, attention_mask=inputs.mask, use_cache=True, is_first_iteration=first, **extra
             )
@@ -265,6 +276,15 @@ def _observe_features(
         return
     observed = {ids: f[r : r + 1, columns.to(f.device)] for ids, f in features.items()}
     generator.observe_target_features(observed, view[:, start + 1 : start + 1 + columns.shape[0]], start)
+
+
+def _fed_types(types: torch.Tensor, rows: list[int], inputs: Any, first: bool) -> torch.Tensor:
+    """The token types of the pass's columns: the prompt's own on the first pass, then each row's last prompt type
+    (plain `generate` extends `token_type_ids` with each row's last one)."""
+    last = types[rows, -1:]
+    if first:
+        return torch.cat([types, last.expand(-1, inputs.width)], dim=1)
+    return last.expand(-1, inputs.ids.shape[1])
 
 
 def _processed(

@@ -28,6 +28,13 @@ class MetaSDBatchStats:
     draft length (`hf_metasd.batched.slots`). ``pass_costs``: the smoothed seconds of a pass by its total width
     (rows x columns) as measured so far at this batch size, from which each row's draft length and its share of each
     pass follow (`hf_metasd.batched.lengths`).
+
+    ``drafting_stopped_after``: after how many drafting rounds the drafting guard stopped drafting (``None``: it did
+    not), ``plain_tokens[b]``: row `b`'s tokens from plain rounds (one target step for the batch, no draft; its
+    generator sat those out). ``plain_reason``: why rounds ran plain other than the guard's, said once:
+    ``"every round: ..."`` when rows could not draft at all (`hf_metasd.batched.plain`: the call ran plain
+    `generate`'s own loop, so no pass is recorded and every row's tokens are plain), ``"the prefill round: ..."`` when
+    a row's attention mask keeps no token; ``None`` otherwise.
     """
 
     rows: list[MetaSDStats]
@@ -39,6 +46,7 @@ class MetaSDBatchStats:
     pass_costs: dict[int, float] = field(default_factory=dict)
     drafting_stopped_after: int | None = None
     plain_tokens: list[int] = field(default_factory=list)
+    plain_reason: str | None = None
     wall_seconds: float = 0.0
 
     def record_pass(self, rows: list[int], columns: int, seconds: float) -> None:
@@ -73,6 +81,7 @@ class MetaSDBatchStats:
             "pass_costs": self.pass_costs,
             "drafting_stopped_after": self.drafting_stopped_after,
             "plain_tokens": self.plain_tokens,
+            "plain_reason": self.plain_reason,
             "wall_seconds": self.wall_seconds,
             "rounds": self.rounds,
             "verified_rows": self.verified_rows,
@@ -84,6 +93,8 @@ class MetaSDBatchStats:
             f"MetaSD batch of {self.batch_size}: {self.rounds} passes, {sum(self.output_tokens)} tokens, "
             f"{self.verified_rows} token rows verified, {self.wall_seconds:.3f}s"
         ]
+        if self.plain_reason is not None:
+            lines.append(f"  plain rounds: {self.plain_reason}")
         for b, row in enumerate(self.rows):
             arms = [row.drafter_names[a] for a in row.arms]
             counts = {name: arms.count(name) for name in dict.fromkeys(arms)}
