@@ -17,6 +17,9 @@ one plain `generate` returns:
   leaves it.
 * **`output_hidden_states` / `output_attentions` are split per token at the rows that produced each token**
   (`_split_steps`; transformers' `_split_model_outputs` takes the first round's later tokens from the prompt's rows).
+  With a left-padded prompt, the first round then verifies in two passes, the prompt alone and the candidates
+  (`_prompt_then_candidates`): a masked prompt row attends to every key of its pass, so plain's prefill is the only
+  pass that gives it plain's values.
 
 The candidate generator is the one seam: ``get_candidates`` before the target's forward pass,
 ``update_candidate_strategy`` after acceptance. When its pool holds drafters that read the target's features
@@ -96,23 +99,24 @@ def _split_steps(
     layers: tuple[torch.Tensor, ...],
     *,
     lead: int,
-    kept: int,
+    tokens: range,
     cached: int,
     attention: bool,
     windows: tuple[int | None, ...] = (),
 ) -> tuple:
-    """`steps` plus one tuple per kept token, of every layer's hidden states (or attentions) for that token, as plain
-    `generate` returns them.
+    """`steps` plus one tuple per kept token of `tokens`, of every layer's hidden states (or attentions) for that
+    token, as plain `generate` returns them.
 
-    `layers` come from one forward pass over ``lead + n`` rows on a cache of `cached` positions: the first kept
-    token was predicted at row `lead` (the last uncached prompt position in the first round, else 0), the k-th at row
-    ``lead + k``. Plain `generate` produced the first kept token of the call from the whole prompt pass (rows
+    `layers` come from one forward pass on a cache of `cached` positions: the round's first kept token (k = 0) was
+    predicted at row `lead` (the last uncached prompt position in the first round, else 0), the k-th at row
+    ``lead + k`` (`tokens` names the k this pass produced: ``range(1, kept)`` with ``lead = -1`` for a pass over the
+    candidates alone). Plain `generate` produced the first kept token of the call from the whole prompt pass (rows
     ``0 .. lead``) and every other token from a pass over one row; a row's attentions reach the keys the layer held
     before the pass (all `cached` positions, or fewer on a sliding-window layer) and those of the rows up to it, and
     a one-row pass of plain `generate` at position ``p`` sees the last ``min(p, window - 1) + 1`` keys of a layer with
     a sliding window (`windows`: each attention layer's window, None for full attention; empty: all full).
     """
-    for k in range(kept):
+    for k in tokens:
         row = lead + k
         if not attention:
             steps += (tuple(layer[:, (0 if k == 0 else row) : row + 1] for layer in layers),)
@@ -144,7 +148,7 @@ def _attention_windows(cache: Any, attentions: tuple) -> tuple[int | None, ...]:
 
 def _observe_features(
     candidate_generator: Any,
-    recorders: dict[tuple[int, ...], FeatureRecorder],
+    recorded: dict[tuple[int, ...], torch.Tensor],
     input_ids: torch.LongTensor,
     cur_len: int,
     prompt_fed: int,
@@ -153,17 +157,81 @@ def _observe_features(
 ) -> None:
     """Hand the candidate generator the features of the positions this pass fed whose tokens were kept.
 
-    The pass fed the last ``prompt_fed`` prompt positions (the first round) or the last kept token (later rounds),
-    then the candidates; those rows and the first ``kept - 1`` candidate rows (accepted tokens) are kept positions.
-    The bonus token is not fed yet: its feature comes with the next pass.
+    The round fed the last ``prompt_fed`` prompt positions (the first round) or the last kept token (later rounds),
+    then the candidates (`recorded`: the features of those rows, per recorder); those rows and the first ``kept - 1``
+    candidate rows (accepted tokens) are kept positions. The bonus token is not fed yet: its feature comes with the
+    next pass.
     """
     start = cur_len - prompt_fed if first else cur_len - 1
     rows = cur_len + kept - 1 - start
-    features = {}
-    for layer_ids, recorder in recorders.items():
-        features[layer_ids] = recorder.features()[:, :rows]
-        recorder.clear()
+    features = {layer_ids: feature[:, :rows] for layer_ids, feature in recorded.items()}
     candidate_generator.observe_target_features(features, input_ids[:, start + 1 : start + 1 + rows], start)
+
+
+def _pass(
+    model: Any,
+    ids: torch.LongTensor,
+    kwargs: dict[str, Any],
+    *,
+    fed: int | None,
+    first: bool,
+    logits: int,
+    asked: dict[str, bool],
+    recorders: dict[tuple[int, ...], FeatureRecorder],
+) -> tuple[Any, dict[tuple[int, ...], torch.Tensor]]:
+    """One forward pass of the target over the last `fed` positions of `ids` (None: all of them), keeping the logits
+    of the last `logits` positions; returns its outputs and what each recorder recorded."""
+    model_inputs = model.prepare_inputs_for_generation(
+        ids, next_sequence_length=fed, is_first_iteration=first, **kwargs
+    )
+    if "logits_to_keep" in model_inputs:
+        model_inputs["logits_to_keep"] = logits
+    model_inputs.update({name: True for name, value in asked.items() if value})
+    with ExitStack() as hooks:
+        for recorder in recorders.values():
+            hooks.enter_context(recorder)
+        if first:
+            outputs = model(**model_inputs)
+        else:
+            with model._optimize_model_for_decode():
+                outputs = model(**model_inputs)
+    recorded = {}
+    for layer_ids, recorder in recorders.items():
+        recorded[layer_ids] = recorder.features()
+        recorder.clear()
+    return outputs, recorded
+
+
+def _prompt_then_candidates(
+    model: Any,
+    candidate_ids: torch.LongTensor,
+    cur_len: int,
+    prompt_kwargs: dict[str, Any],
+    candidate_kwargs: dict[str, Any],
+    prompt_fed: int,
+    cached: int,
+    **one: Any,
+) -> tuple[Any, dict[tuple[int, ...], torch.Tensor], list[tuple[Any, int, int, int]], torch.Tensor]:
+    """The first round of a left-padded prompt in two passes: the prompt alone, as plain's prefill (its masked rows
+    attend to every key of their pass, so the candidates' keys must not be in it), then the candidates on its cache.
+
+    Returns the second pass's outputs, the features of both passes, each pass with the row of the round's first
+    token, the first token it produced and the cache length before it (for `_split_steps`), and the logits of the
+    last prompt position and of the candidates.
+    """
+    n = candidate_ids.shape[1] - cur_len
+    fed = None if prompt_fed == cur_len else prompt_fed
+    first, recorded = _pass(model, candidate_ids[:, :cur_len], prompt_kwargs, fed=fed, first=True, logits=1, **one)
+    after = int(first.cache.get_seq_length())
+    outputs, more = _pass(model, candidate_ids, candidate_kwargs, fed=n, first=False, logits=n, **one)
+    recorded = {layers: torch.cat((recorded[layers], more[layers]), dim=1) for layers in recorded}
+    logits = torch.cat((first.logits[:, -1:], outputs.logits[:, -n:]), dim=1)
+    return outputs, recorded, [(first, prompt_fed - 1, 0, cached), (outputs, -1, 1, after)], logits
+
+
+def _padded_prompt(mask: torch.Tensor | None, prompt_fed: int) -> bool:
+    """Whether the first pass feeds masked prompt positions (a left-padded prompt)."""
+    return mask is not None and not bool(mask[:, mask.shape[1] - prompt_fed :].all())
 
 
 def accept_draft(
@@ -243,6 +311,13 @@ def assisted_decoding(
         for layer_ids in getattr(candidate_generator, "feature_layer_ids", ())
     }
 
+    asked = {"output_attentions": output_attentions, "output_hidden_states": output_hidden_states}
+    one = {"asked": asked, "recorders": recorders}
+    # a left-padded prompt's masked rows attend to every key of their pass (no key is visible to them): with
+    # attentions or hidden states returned, the first round feeds the prompt alone, as plain's prefill, and then the
+    # candidates, so that those rows are plain's
+    split_prompt = (output_attentions or output_hidden_states) and _padded_prompt(mask, prompt_fed)
+
     is_first_iteration = True
     finished = False
     while not finished:
@@ -262,37 +337,34 @@ def assisted_decoding(
             if (position_ids := candidate_kwargs.get("position_ids")) is not None and candidate_length > 0:
                 new_length = candidate_length + position_ids.shape[-1]
                 candidate_kwargs = _prepare_position_ids(candidate_kwargs, new_length, False)
-            if is_first_iteration:
-                fed = None if prompt_fed == cur_len else prompt_fed + candidate_length
-            else:
-                fed = candidate_length + 1
             # a Python int: on hybrid caches `get_seq_length` returns a tensor that this very pass updates in place
             cached = int(model_kwargs["cache"].get_seq_length())
-            model_inputs = model.prepare_inputs_for_generation(
-                candidate_ids,
-                next_sequence_length=fed,
-                is_first_iteration=is_first_iteration,
-                **candidate_kwargs,
-            )
-            if "logits_to_keep" in model_inputs:
-                model_inputs["logits_to_keep"] = candidate_length + 1
-            if output_attentions:
-                model_inputs["output_attentions"] = True
-            if output_hidden_states:
-                model_inputs["output_hidden_states"] = True
-            with ExitStack() as hooks:
-                for recorder in recorders.values():
-                    hooks.enter_context(recorder)
+            if is_first_iteration and candidate_length > 0 and split_prompt:
+                prompt_kwargs = _prepare_attention_mask(copy.copy(model_kwargs), mask_offset + cur_len, False)
+                outputs, recorded, passes, logits = _prompt_then_candidates(
+                    model, candidate_ids, cur_len, prompt_kwargs, candidate_kwargs, prompt_fed, cached, **one
+                )
+            else:
                 if is_first_iteration:
-                    outputs = model(**model_inputs)
+                    fed = None if prompt_fed == cur_len else prompt_fed + candidate_length
                 else:
-                    with model._optimize_model_for_decode():
-                        outputs = model(**model_inputs)
+                    fed = candidate_length + 1
+                outputs, recorded = _pass(
+                    model,
+                    candidate_ids,
+                    candidate_kwargs,
+                    fed=fed,
+                    first=is_first_iteration,
+                    logits=candidate_length + 1,
+                    **one,
+                )
+                passes = [(outputs, prompt_fed - 1 if is_first_iteration else 0, 0, cached)]
+                logits = outputs.logits
             if is_first_iteration and not outputs.cache.is_croppable:
                 raise ValueError("MetaSD needs a target cache that can be cropped after verification.")
 
             # 3. processed logits at the candidate positions and the bonus position
-            new_logits = outputs.logits[:, -candidate_length - 1 :].to(dtype=torch.float32, device=input_ids.device)
+            new_logits = logits[:, -candidate_length - 1 :].to(dtype=torch.float32, device=input_ids.device)
             next_token_logits = new_logits.clone() if output_logits else None
             if len(logits_processor) > 0:
                 for i in range(candidate_length + 1):
@@ -316,7 +388,7 @@ def assisted_decoding(
             outputs.cache.crop(-(candidate_length + 1 - kept))
             if recorders and kept:
                 _observe_features(
-                    candidate_generator, recorders, input_ids, cur_len, prompt_fed, kept, is_first_iteration
+                    candidate_generator, recorded, input_ids, cur_len, prompt_fed, kept, is_first_iteration
                 )
         candidate_generator.update_candidate_strategy(input_ids, new_logits, n_matches, num_kept=kept)
 
@@ -328,12 +400,14 @@ def assisted_decoding(
                 scores += tuple(round_scores[:kept])
             if output_logits:
                 raw_logits += tuple(next_token_logits[:, i, :] for i in range(kept))
-            split = {"lead": prompt_fed - 1 if is_first_iteration else 0, "kept": kept, "cached": cached}
-            if output_attentions and outputs.attentions is not None:  # () per step under sdpa, as plain's
-                windows = _attention_windows(outputs.cache, outputs.attentions)
-                attentions = _split_steps(attentions, outputs.attentions, **split, attention=True, windows=windows)
-            if output_hidden_states and outputs.hidden_states is not None:
-                hidden_states = _split_steps(hidden_states, outputs.hidden_states, **split, attention=False)
+            for i, (out, lead, first_token, held) in enumerate(passes):
+                last = passes[i + 1][2] if i + 1 < len(passes) else kept
+                split = {"lead": lead, "tokens": range(first_token, min(last, kept)), "cached": held}
+                if output_attentions and out.attentions is not None:  # () per step under sdpa, as plain's
+                    windows = _attention_windows(out.cache, out.attentions)
+                    attentions = _split_steps(attentions, out.attentions, **split, attention=True, windows=windows)
+                if output_hidden_states and out.hidden_states is not None:
+                    hidden_states = _split_steps(hidden_states, out.hidden_states, **split, attention=False)
         is_first_iteration = False
 
     if streamer is not None:

@@ -243,3 +243,43 @@ def test_hidden_states_and_attentions_are_plain_generates_per_step(
         assert any(a < d for a, d in zip(out.metasd.accepted, out.metasd.drafted))
     _assert_same_steps(out.hidden_states, plain.hidden_states)
     _assert_same_steps(out.attentions, plain.attentions)
+
+
+@pytest.mark.parametrize("entry", ["enable", "custom_generate"])
+@pytest.mark.parametrize("drafter", ["copy", "perturbed"])
+def test_a_left_padded_prompts_first_step_is_plain_generates(eager_target, target_copy, perturbed, drafter, entry):
+    """A left-padded prompt (batch size 1, zeros at the left of the mask): its masked rows see no key, so each
+    attends evenly to every key of its pass; plain `generate`'s prefill holds the prompt alone, and so must the pass
+    the first step's attentions and hidden states come from (the candidates then go through a pass of their own)."""
+    prompt = torch.cat([torch.zeros(1, 3, dtype=torch.long), PROMPTS[1]], dim=-1)
+    mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones_like(PROMPTS[1])], dim=-1)
+    kwargs = {
+        "attention_mask": mask,
+        "max_new_tokens": 11,
+        "return_dict_in_generate": True,
+        "output_hidden_states": True,
+        "output_attentions": True,
+        "output_scores": True,
+    }
+    plain = _generate(eager_target, prompt, None, **kwargs)
+    out = _generate(
+        eager_target,
+        prompt,
+        entry,
+        assistant_models=[target_copy if drafter == "copy" else perturbed],
+        meta_policy="fixed",
+        meta_no_draft=False,
+        meta_draft_length="fixed",
+        num_assistant_tokens=4,
+        **kwargs,
+    )
+    assert torch.equal(out.sequences, plain.sequences)
+    assert out.metasd.drafted[0] == 4  # the first round drafts: two passes
+    if drafter == "copy":  # and keeps drafted tokens: its steps come from both passes
+        assert out.metasd.accepted[0] >= 1
+    else:  # rejects them: its one step comes from the prompt's pass
+        assert out.metasd.accepted[0] == 0
+    _assert_same_steps(out.hidden_states, plain.hidden_states)
+    _assert_same_steps(out.attentions, plain.attentions)
+    for ours, theirs in zip(out.scores, plain.scores, strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)

@@ -279,3 +279,38 @@ def test_the_observed_features_are_the_targets_at_every_kept_position(target, pa
     assert features.shape == (1, out.shape[1] - 1 - start, 64)
     if not passed_cache:  # (plain `generate` continues a passed cache at other position ids than one pass uses)
         torch.testing.assert_close(features, recorder.features()[:, :-1], atol=1e-4, rtol=1e-4)
+
+
+def test_a_left_padded_prompt_with_hidden_states_feeds_the_features_of_both_first_passes(target):
+    """With a left-padded prompt and hidden states asked for, the first round verifies in two passes (the prompt
+    alone, as plain's prefill, then the candidates): the drafters still observe every kept position once, in order,
+    with the target's features there (checked at the unpadded positions against one pass over the output)."""
+    _Spy.log = []
+    pad = 2
+    prompt = torch.cat([torch.zeros(1, pad, dtype=torch.long), PROMPTS[2]], dim=-1)
+    mask = torch.cat([torch.zeros(1, pad, dtype=torch.long), torch.ones_like(PROMPTS[2])], dim=-1)
+    pool = [ModelDrafter(copy.deepcopy(target), name="copy"), _Spy(trained_head(target), name="spy")]
+    out = metasd_greedy(
+        target,
+        prompt,
+        MAX_NEW,
+        attention_mask=mask,
+        assistant_models=pool,
+        meta_policy="round_robin",
+        output_hidden_states=True,
+        return_dict_in_generate=True,
+    )
+    assert torch.equal(out.sequences, greedy(target, prompt, MAX_NEW, attention_mask=mask))
+    assert out.metasd.drafted[0] > 0 and out.metasd.accepted[0] > 0  # the first round's two passes both kept rows
+    sequence = out.sequences
+    full_mask = torch.cat([mask, torch.ones(1, MAX_NEW, dtype=torch.long)], dim=-1)
+    positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad(), FeatureRecorder(target, (1, 2)) as recorder:
+        target(sequence, attention_mask=full_mask, position_ids=positions)
+    starts = [s for _, _, s in _Spy.log]
+    assert starts[0] == 0 and len(starts) > 3
+    features = torch.cat([f for f, _, _ in _Spy.log], dim=1)
+    next_ids = torch.cat([n for _, n, _ in _Spy.log], dim=1)
+    assert torch.equal(next_ids, sequence[:, 1:])
+    assert features.shape == (1, sequence.shape[1] - 1, 64)
+    torch.testing.assert_close(features[:, pad:], recorder.features()[:, pad:-1], atol=1e-4, rtol=1e-4)
