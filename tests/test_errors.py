@@ -16,7 +16,7 @@ from hf_metasd import (
     UnknownPolicyError,
     UnknownRewardError,
 )
-from hf_metasd.errors import UnknownPolicySettingError
+from hf_metasd.errors import MetaSDTypeError, UnknownPolicySettingError
 from hf_metasd.policies import POLICY_REGISTRY, Policy
 from hf_metasd.settings import RETIRED_SETTINGS
 
@@ -131,6 +131,54 @@ def test_num_assistant_tokens_below_one(target, drafters, forward_calls, bad):
         rf"`num_assistant_tokens` must be an int >= 1, but is {bad}\. Use e\.g\. 3",
         lambda: metasd_greedy(target, PROMPT, 5, assistant_models=drafters, num_assistant_tokens=bad),
     )
+
+
+@pytest.mark.parametrize("entry", ["custom_generate", "enable"])
+def test_num_assistant_tokens_above_the_pools_bound_is_refused(target, drafters, forward_calls, entry):
+    """A draft length passed to `generate` has the bound a pool file's has (`MAX_NUM_ASSISTANT_TOKENS`, 128):
+    10,000,000 made 12 new tokens take 30 s and 156 MB."""
+    _raises_before_compute(
+        forward_calls,
+        MetaSDConfigError,
+        r"^`num_assistant_tokens` must be at most 128 \(rounds that pay off draft 3 to 20 tokens\), "
+        r"but is 10000000\. Use e\.g\. 3\.$",
+        lambda: _generate(entry, target, PROMPT, 5, assistant_models=drafters, num_assistant_tokens=10**7),
+    )
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(num_assistant_tokens=129, max_new_tokens=5)
+    _raises_before_compute(
+        forward_calls,
+        MetaSDConfigError,
+        r"`num_assistant_tokens` must be at most 128 .*, but is 129\.",
+        lambda: _generate(entry, target, PROMPT, 5, assistant_models=drafters, generation_config=config),
+    )
+    # the fix: a draft length within the bound (the longest allowed works)
+    out = _generate(entry, target, PROMPT, 5, assistant_models=drafters, num_assistant_tokens=128)
+    assert torch.equal(out, greedy(target, PROMPT, 5))
+
+
+@pytest.mark.parametrize("entry", ["custom_generate", "enable"])
+def test_a_policy_of_the_wrong_type_is_a_metasd_type_error(target, drafters, forward_calls, entry):
+    names = re.escape(str(sorted(POLICY_REGISTRY)))
+    _raises_before_compute(
+        forward_calls,
+        MetaSDTypeError,
+        rf"^`meta_policy` must be a registered name or a `Policy` instance, but is int 42\. Use one of {names} or "
+        r"subclass `hf_metasd\.policies\.Policy`\.$",
+        lambda: _generate(entry, target, PROMPT, 5, assistant_models=drafters, meta_policy=42),
+    )
+    _raises_before_compute(
+        forward_calls,
+        MetaSDTypeError,
+        r"^`meta_policy_kwargs` must have setting names \(str\) as keys, but has 1\.",
+        lambda: _generate(
+            entry, target, PROMPT, 5, assistant_models=drafters, meta_policy="ucb", meta_policy_kwargs={1: 2}
+        ),
+    )
+    # the fix: a registered name
+    out = _generate(entry, target, PROMPT, 5, assistant_models=drafters, meta_policy="ucb")
+    assert torch.equal(out, greedy(target, PROMPT, 5))
 
 
 def test_beam_search_is_refused(target, drafters, forward_calls):

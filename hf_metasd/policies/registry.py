@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import UnknownPolicyError, UnknownPolicySettingError
+from ..errors import MetaSDConfigError, MetaSDTypeError, UnknownPolicyError, UnknownPolicySettingError
 from .base import Policy
 from .mapping import POLICY_REGISTRY
 
@@ -69,14 +69,15 @@ def get_policy(policy: str | Policy, settings: Mapping[str, Any] | None = None, 
     merged = _merge_settings(settings, kwargs)
     if isinstance(policy, Policy):
         if merged:
-            raise ValueError(
+            raise MetaSDConfigError(
                 f"`meta_policy_kwargs` must be empty when `meta_policy` is an instance, but is {merged!r}. "
                 "Set the settings when you build the policy."
             )
         return policy
     if not isinstance(policy, str):
-        raise TypeError(
-            f"`meta_policy` must be a registered name or a `Policy` instance, but is {type(policy).__name__}. "
+        raise MetaSDTypeError(
+            f"`meta_policy` must be a registered name or a `Policy` instance, but is {type(policy).__name__} "
+            f"{policy!r}. "
             f"Use one of {sorted(POLICY_REGISTRY)} or subclass `hf_metasd.policies.Policy`."
         )
     if policy not in POLICY_REGISTRY:
@@ -94,19 +95,19 @@ def _merge_settings(settings: object, kwargs: dict[str, Any]) -> dict[str, Any]:
     if settings is None:
         return dict(kwargs)
     if not isinstance(settings, Mapping):
-        raise TypeError(
+        raise MetaSDTypeError(
             f"`meta_policy_kwargs` must be a dict of settings, but is {type(settings).__name__} {settings!r}. "
             "Pass a dict, e.g. `meta_policy_kwargs={'beta': 1.0}`."
         )
     bad = [key for key in settings if not isinstance(key, str)]
     if bad:
-        raise TypeError(
+        raise MetaSDTypeError(
             f"`meta_policy_kwargs` must have setting names (str) as keys, but has {bad[0]!r}. "
             "Use the names of the policy's settings, e.g. {'beta': 1.0}."
         )
     twice = sorted(set(settings) & set(kwargs))
     if twice:
-        raise TypeError(
+        raise MetaSDTypeError(
             f"`get_policy` settings must be given once, but {twice[0]!r} is both in the mapping and a keyword. "
             "Pass it in one place."
         )

@@ -387,7 +387,7 @@ def validate_defaults(policy: Any, policy_kwargs: Any, reward: Any, num_assistan
     if num_assistant_tokens > MAX_NUM_ASSISTANT_TOKENS:
         raise InvalidPoolError(
             f"pool `num_assistant_tokens` must be at most {MAX_NUM_ASSISTANT_TOKENS}, but is {num_assistant_tokens!r}. "
-            f"Use e.g. {DEFAULTS['num_assistant_tokens']} (pass a longer draft to `generate` itself if you mean it)."
+            f"Use e.g. {DEFAULTS['num_assistant_tokens']} (`generate` refuses a longer draft too)."
         )
 
 
