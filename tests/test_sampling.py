@@ -16,19 +16,26 @@ SAMPLES = 1500
 PROMPT = torch.tensor([[1, 4, 2]])
 
 
+def _models(dtype: torch.dtype = torch.float32):
+    target = sharpen(tiny_llama(10, vocab=VOCAB), 3.0).to(dtype)
+    drafters = [sharpen(tiny_llama(s, layers=1, vocab=VOCAB), 3.0).to(dtype) for s in (11, 12)]
+    return target, drafters
+
+
 @pytest.fixture(scope="module")
 def small():
-    target = sharpen(tiny_llama(10, vocab=VOCAB), 3.0)
-    drafters = [sharpen(tiny_llama(s, layers=1, vocab=VOCAB), 3.0) for s in (11, 12)]
-    return target, drafters
+    return _models()
 
 
 def _exact_joint(target) -> torch.Tensor:
     """p(x1, x2 | prompt) from the target's own logits, shape (V, V)."""
     with torch.no_grad():
-        p1 = target(PROMPT).logits[0, -1].softmax(-1)
+        p1 = target(PROMPT).logits[0, -1].float().softmax(-1)
         seconds = torch.stack(
-            [target(torch.cat([PROMPT, torch.tensor([[x]])], dim=1)).logits[0, -1].softmax(-1) for x in range(VOCAB)]
+            [
+                target(torch.cat([PROMPT, torch.tensor([[x]])], dim=1)).logits[0, -1].float().softmax(-1)
+                for x in range(VOCAB)
+            ]
         )
     return p1[:, None] * seconds
 
@@ -95,6 +102,34 @@ def test_prompt_lookup_style_drafter_without_logits_keeps_the_distribution(small
             top_k=0,
             custom_generate=hf_metasd.generate,
             assistant_models=[Constant(), drafters[0]],
+            num_assistant_tokens=2,
+        )
+    )
+    assert _chi_square_p(counts, _exact_joint(target)) > 1e-3
+
+
+def test_sampling_in_bfloat16_follows_the_target_distribution():
+    """The bfloat16 contract for sampling: draws follow the target's distribution as its bfloat16 passes compute it,
+    with drafters that give logits (speculative sampling) and a deterministic one (sample and compare) in one pool."""
+    target, drafters = _models(torch.bfloat16)
+
+    class Constant(Drafter):
+        kind = "constant"
+        returns_logits = False
+
+        def draft(self, input_ids, num_tokens, *, logits_processor=None, do_sample=False):
+            return torch.full((1, num_tokens), 3), None
+
+    torch.manual_seed(3)
+    counts = _sample_counts(
+        lambda: target.generate(
+            PROMPT,
+            do_sample=True,
+            max_new_tokens=2,
+            top_k=0,
+            custom_generate=hf_metasd.generate,
+            assistant_models=[*drafters, Constant()],
+            meta_policy="round_robin",
             num_assistant_tokens=2,
         )
     )
