@@ -5,6 +5,7 @@ drafter's catch-up and draft, pools mixing tokenizers (lossless under every poli
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -523,3 +524,56 @@ def test_a_target_tokenizer_wider_than_the_target_is_refused(target):
         drafter.check_compatible(target)
     drafter.target_tokenizer = char_tokenizer()  # the fix
     drafter.check_compatible(target)
+
+
+def _split_tokenizer(pattern: str) -> PreTrainedTokenizerFast:
+    """The permuted vocabulary, pre-tokenized by `pattern` (a regular expression of tokenizers' Oniguruma)."""
+    raw = Tokenizer(models.WordLevel({**{c: i for i, c in enumerate(reversed(CHARS))}, "<s>": len(CHARS)}, "<s>"))
+    raw.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), "isolated")
+    raw.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<s>")
+
+
+PANICKED = (
+    r"drafter 'd' must have tokenizers that read every text, but one panicked {doing} \(PanicException: Onig: "
+    r"Regex search error: retry-limit-in-match over\)\. Use tokenizers whose regular expressions \(pre-tokenizer, "
+    r"normalizer\) match in linear time, or take this drafter out of the pool\."
+)
+
+
+@pytest.mark.parametrize("entry", ["custom_generate", "enable"])
+def test_a_tokenizer_that_panics_is_named_before_any_forward_pass_of_the_target(target, references, entry):
+    """A pattern that backtracks without end makes tokenizers panic (pyo3's PanicException, a BaseException that
+    ``except Exception`` lets through): built in-process (no pool load checks its patterns), the drafter turns it
+    into a DrafterCompatibilityError, at construction where a short text already panics, else where a prompt
+    does, before the target's first forward pass."""
+    model = tiny_llama(1, layers=1)
+    short = re.escape("reading a short text")
+    exponential = r"(\S|\s|.)*\p{Sm}"  # no math symbol in a short text: exponential, then a panic
+    with pytest.raises(DrafterCompatibilityError, match=PANICKED.format(doing=short)):
+        TokenizerBridgeDrafter(model, _split_tokenizer(exponential), target_tokenizer=char_tokenizer(), name="d")
+    drafter = TokenizerBridgeDrafter(
+        model, permuted_tokenizer(), target_tokenizer=_split_tokenizer(exponential), name="d"
+    )
+    with pytest.raises(DrafterCompatibilityError, match=PANICKED.format(doing=short)):
+        drafter.check_compatible(target)
+    # `(a+)+b` reads a short text, and panics on 34 a's
+    drafter = TokenizerBridgeDrafter(model, _split_tokenizer("(a+)+b"), target_tokenizer=char_tokenizer(), name="d")
+    prompt = torch.tensor([char_tokenizer().encode("a" * 40)])
+    passes = []
+    handle = target.register_forward_pre_hook(lambda *args: passes.append(1))
+    try:
+        with pytest.raises(
+            DrafterCompatibilityError, match=PANICKED.format(doing=r"re-reading the 40 tokens of the sequence")
+        ):
+            if entry == "enable":
+                hf_metasd.enable()
+                target.generate(prompt, do_sample=False, max_new_tokens=5, assistant_models=[drafter])
+            else:
+                metasd_greedy(target, prompt, 5, assistant_models=[drafter])
+    finally:
+        handle.remove()
+    assert passes == []
+    # the fix: a tokenizer whose pattern matches in linear time
+    drafter = TokenizerBridgeDrafter(model, _split_tokenizer("."), target_tokenizer=char_tokenizer(), name="d")
+    assert torch.equal(metasd_greedy(target, prompt, 5, assistant_models=[drafter]), greedy(target, prompt, 5))

@@ -62,12 +62,14 @@ tokenizer object is not locked, so two threads sharing one must not change its p
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import torch
 
 from ..errors import DrafterCompatibilityError, InvalidPoolError
+from ..untrusted import PROBE_TEXT, is_rust_panic
 from .base import Drafter, int_error
 from .candidates import CandidateDrafter, IsAllowed, allowed_prefix
 from .load import LoadContext
@@ -98,6 +100,30 @@ TOKENIZER_DIR = "tokenizer"
 # ---------------------------------------------------------------------------------------------------------------------
 # the drafter
 # ---------------------------------------------------------------------------------------------------------------------
+def _probe(tokenizer: Any) -> None:
+    """A short encode and decode (`PROBE_TEXT`, as a pool's load reads a tokenizer): a tokenizer that cannot read
+    ordinary text fails here, before any forward pass, rather than in the middle of `generate`."""
+    decode_ids(tokenizer, encode_text(tokenizer, PROBE_TEXT))
+
+
+@contextmanager
+def _tokenizer_panics(name: str, doing: str) -> Iterator[None]:
+    """A Rust panic of a tokenizer while `doing` (pyo3's ``PanicException``, a `BaseException` that ``except
+    Exception`` lets through: a pre-tokenizer or normalizer pattern that backtracks without end) becomes a
+    `DrafterCompatibilityError` naming drafter `name`; anything else passes as it is."""
+    try:
+        yield
+    except BaseException as err:
+        if not is_rust_panic(err):
+            raise
+        detail = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
+        raise DrafterCompatibilityError(
+            f"drafter {name!r} must have tokenizers that read every text, but one panicked {doing} "
+            f"(PanicException: {detail}). Use tokenizers whose regular expressions (pre-tokenizer, normalizer) match "
+            "in linear time, or take this drafter out of the pool."
+        ) from err
+
+
 @register_drafter_kind
 class TokenizerBridgeDrafter(CandidateDrafter):
     """Drafts with a causal LM that has its **own** tokenizer; proposes target tokens (see the module docstring).
@@ -163,7 +189,9 @@ class TokenizerBridgeDrafter(CandidateDrafter):
         self.target_tokenizer = target_tokenizer
         self.lookbehind = lookbehind
         self._inner = inner
-        self._leading = leading_special_ids(tokenizer)
+        with _tokenizer_panics(self.name, "reading a short text"):
+            self._leading = leading_special_ids(tokenizer)
+            _probe(tokenizer)
         self._own_special = {int(i) for i in tokenizer.all_special_ids}
         self._fresh_state()
 
@@ -195,6 +223,8 @@ class TokenizerBridgeDrafter(CandidateDrafter):
         free: mapping it is the point). Nothing is changed."""
         if self.target_tokenizer is None:
             raise self._missing_target_tokenizer()
+        with _tokenizer_panics(self.name, "reading a short text"):
+            _probe(self.target_tokenizer)
         width = target_vocab_size(target)
         if len(self.target_tokenizer) > width:
             raise DrafterCompatibilityError(
@@ -235,8 +265,9 @@ class TokenizerBridgeDrafter(CandidateDrafter):
     @torch.no_grad()
     def catch_up(self, input_ids: torch.LongTensor, *, return_logits: bool | int = False) -> None:
         """Re-read the target's sequence as own ids; the model ingests what differs from its cache. No logits."""
-        text = decode_ids(self._target_tokenizer(), input_ids[0].tolist(), skip_special_tokens=True)
-        own = self._leading + encode_text(self.tokenizer, text)
+        with _tokenizer_panics(self.name, f"re-reading the {input_ids.shape[1]} tokens of the sequence"):
+            text = decode_ids(self._target_tokenizer(), input_ids[0].tolist(), skip_special_tokens=True)
+            own = self._leading + encode_text(self.tokenizer, text)
         self._context = input_ids.detach().clone()
         self.last_catch_up_tokens = 0
         if not own:  # no text and no leading special token: nothing to draft from
@@ -263,22 +294,29 @@ class TokenizerBridgeDrafter(CandidateDrafter):
             if token in self._own_special:  # the drafter ended its text: what came before is whole
                 drafted, complete = drafted[:i], True
                 break
-        window = self._own[0, -self.lookbehind :].tolist()
-        before = decode_ids(self.tokenizer, window, skip_special_tokens=True)
-        after = decode_ids(self.tokenizer, window + drafted, skip_special_tokens=True)
-        if not after.startswith(before):
+        with _tokenizer_panics(self.name, "mapping a draft to the target's tokens"):
+            found = self._continuation(input_ids, drafted, complete)
+        if found is None:
             self.last_continuation = Continuation([], "none")
             return empty
-        context = input_ids[0, -self.lookbehind :].tolist()
-        found = continuation_ids(
-            self.target_tokenizer, context, after[len(before) :], lookbehind=self.lookbehind, complete=complete
-        )
         self.last_continuation = found
         ids = found.token_ids[:num_tokens]
         width = self._logits_width
         if width is not None:
             ids = ids[: next((i for i, t in enumerate(ids) if t >= width), len(ids))]
         return allowed_prefix(torch.tensor(ids, dtype=torch.long, device=input_ids.device), input_ids, is_allowed)
+
+    def _continuation(self, input_ids: torch.LongTensor, drafted: list[int], complete: bool) -> Continuation | None:
+        """The target ids of the `drafted` own ids' text (None: decoding them changes the text before them)."""
+        window = self._own[0, -self.lookbehind :].tolist()
+        before = decode_ids(self.tokenizer, window, skip_special_tokens=True)
+        after = decode_ids(self.tokenizer, window + drafted, skip_special_tokens=True)
+        if not after.startswith(before):
+            return None
+        context = input_ids[0, -self.lookbehind :].tolist()
+        return continuation_ids(
+            self.target_tokenizer, context, after[len(before) :], lookbehind=self.lookbehind, complete=complete
+        )
 
     # ------------------------------------------------------------------ pool config round trip
     @classmethod
