@@ -254,7 +254,14 @@ def test_bench_runs_a_users_own_prompts_file(bench_setup, target, tmp_path, monk
     printed = []
     out = tmp_path / "out"
     code = run.run_benchmark(
-        prompts=path, out=out, quick=True, policies=[], max_new_tokens=6, per_task=1, print_fn=printed.append
+        prompts=path,
+        out=out,
+        quick=True,
+        policies=[],
+        max_new_tokens=6,
+        per_task=1,
+        print_fn=printed.append,
+        dtype="float32",  # the pool was built for the float32 target (auto may measure bfloat16 faster)
     )
     assert code == 0
     results = json.loads((out / "results.json").read_text())
@@ -291,3 +298,65 @@ def test_a_prompts_file_refuses_tasks_it_does_not_hold(tmp_path):
         load_prompts_file(path, tasks=["b"])
     with pytest.raises(FileNotFoundError, match=r"`prompts` must be a JSON Lines file, but .* is not a file"):
         load_prompts_file(tmp_path / "missing.jsonl")
+
+
+def _record(method, prompt, divergence=None, seconds=1.0):
+    from hf_metasd.benchmark.records import BenchRecord
+
+    return BenchRecord(method, "chat", prompt, seconds, 8, 8, divergence is None, divergence=divergence)
+
+
+def _divergence(near_tie: bool, gap: float) -> dict:
+    from hf_metasd.lossless import Divergence
+
+    return Divergence(3, 10, 11, gap, 0.5, near_tie, "bfloat16").to_dict()
+
+
+def test_the_report_counts_near_ties_and_errors_apart():
+    from hf_metasd.benchmark.report import _markdown, summarize
+
+    records = [
+        _record("autoregressive", "p1"),
+        _record("autoregressive", "p2"),
+        _record("metasd", "p1", _divergence(True, -0.12)),
+        _record("metasd", "p2", _divergence(True, 0.3)),
+        _record("other", "p1", _divergence(False, 2.5)),
+        _record("other", "p2"),
+    ]
+    summary = summarize(records, [])
+    metasd, other = summary["metasd"]["overall"], summary["other"]["overall"]
+    assert (metasd["identical"], metasd["near_ties"], metasd["largest_near_tie_gap"], metasd["errors"]) == (
+        0.0,
+        2,
+        0.3,
+        0,
+    )
+    assert (other["identical"], other["near_ties"], other["errors"]) == (0.5, 0, 1)
+    table = _markdown(summary, ["chat"])
+    assert "| identical | near-ties | errors |" in table
+    assert "| 0.00 | 2 | 0 |" in table and "| 0.50 | 0 | 1 |" in table
+
+
+@pytest.mark.parametrize(("near_tie", "code"), [(True, 0), (False, 1)])
+def test_the_bench_fails_only_on_divergences_that_are_not_near_ties(
+    bench_setup, target, tmp_path, monkeypatch, near_tie, code
+):
+    from hf_metasd.benchmark import run
+    from hf_metasd.pool import DrafterPool
+
+    pool, _, _ = bench_setup
+    monkeypatch.setattr(run, "load_models", lambda *args: (target, None))
+    monkeypatch.setattr(run, "load_pool", lambda *args: DrafterPool(pool, target=target))
+    fake = [_record("autoregressive", "p1"), _record("metasd", "p1", _divergence(near_tie, 0.2 if near_tie else 3.0))]
+    monkeypatch.setattr(run, "run_bench", lambda *args, **kwargs: fake)
+    printed = []
+    result = run.run_benchmark(out=tmp_path, quick=True, policies=[], dtype="float32", print_fn=printed.append)
+    assert result == code
+    text = "\n".join(printed)
+    if near_tie:
+        assert "1 of 2 outputs left plain greedy output at a float32 near-tie (largest float32 logit gap 0.200" in text
+        assert "ERROR" not in text
+    else:
+        assert (
+            "ERROR: 1 outputs differ from autoregressive greedy other than at a near-tie: [('metasd', 'p1')]" in text
+        )
