@@ -109,6 +109,130 @@ def test_config_refuses_bad_values(head, change, error, match):
         FeatureHeadConfig(**{**head.config.to_dict(), **change})
 
 
+LLAMA3 = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 1024,
+}
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 512}
+LONGROPE = {
+    "rope_type": "longrope",
+    "rope_theta": 10000.0,
+    "short_factor": [1.0] * 4,  # one per rotated pair of head_dim 8
+    "long_factor": [2.0] * 4,
+    "original_max_position_embeddings": 512,
+}
+#: rope_parameters that transformers' rotary embeddings divide by zero with, or turn into non-finite frequencies
+#: (transformers only warns), or that exceed a bound; each refused when the config is built, with its message
+BAD_ROPES = [
+    (
+        {**LLAMA3, "low_freq_factor": 0},
+        r"`rope_parameters\['low_freq_factor'\]` must be a number in \(0, 1000000\], but is 0\.",
+    ),
+    (
+        {**LLAMA3, "low_freq_factor": 4.0},
+        r"`rope_parameters\['high_freq_factor'\]` must be greater than `low_freq_factor` \(llama3 divides by their "
+        r"difference\), but is 4\.0 with `low_freq_factor` 4\.0\.",
+    ),
+    (
+        {**LLAMA3, "high_freq_factor": -4.0},
+        r"`rope_parameters\['high_freq_factor'\]` must be a number in \(0, 1000000\], but is -4\.0\.",
+    ),
+    (
+        {**LLAMA3, "original_max_position_embeddings": 0},
+        r"`rope_parameters\['original_max_position_embeddings'\]` must be an int in \[2, 67108864\], but is 0\.",
+    ),
+    (
+        {"rope_type": "linear", "rope_theta": 10000.0, "factor": 0},
+        r"`rope_parameters\['factor'\]` must be a number in \[1, 1000000\], but is 0\.",
+    ),
+    (
+        {**LLAMA3, "factor": 1e7},
+        r"`rope_parameters\['factor'\]` must be a number in \[1, 1000000\], but is 10000000\.0\.",
+    ),
+    ({**LLAMA3, "factor": float("nan")}, r"`rope_parameters\['factor'\]` must hold finite numbers, but is nan\."),
+    (
+        {"rope_type": "default", "rope_theta": 1e13},
+        r"`rope_parameters\['rope_theta'\]` must be at most 1000000000000, but is 10000000000000\.0\.",
+    ),
+    (
+        {**YARN, "beta_fast": -1.0},
+        r"`rope_parameters\['beta_fast'\]` must be a number in \(0, 1000000\], but is -1\.0\.",
+    ),
+    (
+        {**YARN, "mscale_all_dim": -10.0},
+        r"`rope_parameters\['mscale_all_dim'\]` must be a number in \[0, 1000000\], but is -10\.0\.",
+    ),
+    (
+        {**YARN, "rope_theta": 1.0},
+        r"`rope_parameters\['rope_theta'\]` must be greater than 1 for yarn \(it divides by its logarithm\), but is 1\.0\.",
+    ),
+    (
+        {**LONGROPE, "short_factor": [1.0, 0.0, 1.0, 1.0]},
+        r"`rope_parameters\['short_factor'\]` must hold numbers in \(0, 1000000\], but is \[1\.0, 0\.0, 1\.0, 1\.0\]\.",
+    ),
+    (
+        {**LONGROPE, "long_factor": [2.0] * 3},
+        r"`rope_parameters\['long_factor'\]` must hold one number per rotated pair of a head's dimensions \(4\), but "
+        r"holds 3\.",
+    ),
+    (
+        {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0, "partial_rotary_factor": 0.25},
+        r"the rotated dimensions of a head must be more than 2 for dynamic rope \(it divides by their number minus "
+        r"2\), but are 2 \(`head_dim` 8 times `partial_rotary_factor`\)\.",
+    ),
+    (
+        {**LLAMA3, "partial_rotary_factor": 1.5},
+        r"`rope_parameters\['partial_rotary_factor'\]` must be a number in \(0, 1\], but is 1\.5\.",
+    ),
+]
+
+
+@pytest.mark.parametrize("rope, match", BAD_ROPES)
+def test_config_refuses_rope_parameters_that_divide_by_zero_or_exceed_a_bound(target, head, rope, match):
+    with pytest.raises(InvalidPoolError, match=match + r" Fix the value, or rebuild the config"):
+        FeatureHeadConfig(**{**head.config.to_dict(), "rope_parameters": rope})
+
+
+def test_config_refuses_a_rope_number_of_the_wrong_type(head):
+    with pytest.raises(
+        InvalidPoolTypeError, match=r"`rope_parameters\['factor'\]` must be a number in \[1, 1000000\], but is '8'\."
+    ):
+        FeatureHeadConfig(**{**head.config.to_dict(), "rope_parameters": {**LLAMA3, "factor": "8"}})
+
+
+def test_the_head_refuses_rope_parameters_that_bypassed_the_config_checks(target, head):
+    """The head's own backstop (a config changed after it was checked): a division by zero, or non-finite
+    frequencies, while transformers builds the rotary embedding is an InvalidPoolError too."""
+    for rope, match in [
+        ({**LLAMA3, "low_freq_factor": 0}, r"is refused \(ZeroDivisionError: (float )?division by zero\)\. Fix"),
+        (
+            {"rope_type": "linear", "rope_theta": 10000.0, "factor": 0},
+            r"gives non-finite ones\. Fix `rope_parameters`",
+        ),
+    ]:
+        config = FeatureHeadConfig(**head.config.to_dict())
+        object.__setattr__(config, "rope_parameters", rope)  # past the checks
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(InvalidPoolError, match=r"`rope_parameters` must .*" + match):
+                FeatureHead(config, target.get_input_embeddings())
+
+
+@pytest.mark.parametrize("rope", [LLAMA3, YARN, LONGROPE, {**YARN, "truncate": False, "beta_fast": 16, "mscale": 1.0}])
+def test_config_accepts_every_usual_rope_scaling_and_the_head_has_finite_frequencies(target, head, rope):
+    """The fix the messages ask for: rope numbers in range build a head whose rotary frequencies are finite."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = FeatureHeadConfig(**{**head.config.to_dict(), "rope_parameters": dict(rope)})
+        built = FeatureHead(config, target.get_input_embeddings())
+    frequencies = [buffer for name, buffer in built.named_buffers() if name.endswith("inv_freq")]
+    assert frequencies and all(bool(torch.isfinite(f).all()) for f in frequencies)
+
+
 def test_config_for_target_takes_its_shape_and_eagle3_default_layers(target, head):
     assert default_layer_ids(LAYERS) == (2, 4, 5) == head.config.layer_ids
     assert (head.config.hidden_size, head.config.vocab_size, head.config.head_dim) == (H, VOCAB, 8)

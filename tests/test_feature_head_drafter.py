@@ -5,6 +5,7 @@ feature-head drafter), every feature-head drafter of a call fed, a pool round tr
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -200,6 +201,40 @@ def test_a_pool_with_a_feature_head_round_trips(target, references, tmp_path):
         mine = metasd_greedy(target, prompt, MAX_NEW, assistant_models=loaded, return_dict_in_generate=True)
         theirs = metasd_greedy(target, prompt, MAX_NEW, assistant_models=pool, return_dict_in_generate=True)
         assert torch.equal(mine.sequences, reference) and torch.equal(theirs.sequences, reference)
+
+
+@pytest.mark.parametrize(
+    "rope, match",
+    [
+        (
+            {"low_freq_factor": 0},
+            r"`rope_parameters\['low_freq_factor'\]` must be a number in \(0, 1000000\], but is 0\.",
+        ),
+        (
+            {"low_freq_factor": 4.0, "high_freq_factor": 4.0},
+            r"`rope_parameters\['high_freq_factor'\]` must be greater than `low_freq_factor` \(llama3 divides by their "
+            r"difference\), but is 4\.0 with `low_freq_factor` 4\.0\.",
+        ),
+        (
+            {"rope_type": "linear", "factor": 0},
+            r"`rope_parameters\['factor'\]` must be a number in \[1, 1000000\], but is 0\.",
+        ),
+    ],
+)
+def test_a_pool_feature_heads_rope_numbers_are_checked_on_load(target, tmp_path, rope, match):
+    """Read from a pool, rope numbers that transformers would divide by zero with (or turn into non-finite
+    frequencies) are named, instead of a division by zero reported as an unreadable file to download again."""
+    DrafterPool([FeatureHeadDrafter(random_head(target), name="h")], target=target).save_pretrained(tmp_path)
+    path = tmp_path / "feature_head/h/feature_head_config.json"
+    data = json.loads(path.read_text())
+    llama3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0}
+    llama3.update(high_freq_factor=4.0, original_max_position_embeddings=256)
+    path.write_text(json.dumps({**data, "rope_parameters": {**llama3, **rope}}))
+    with pytest.raises(InvalidPoolError, match=match + r" Fix the value, or rebuild the config"):
+        DrafterPool.from_pretrained(tmp_path, target=target)
+    path.write_text(json.dumps({**data, "rope_parameters": llama3}))  # the fix: numbers in range
+    loaded = DrafterPool.from_pretrained(tmp_path, target=target)
+    assert loaded.drafters[0].head.config.rope_parameters == llama3
 
 
 def test_a_feature_head_entry_needs_a_path_and_no_params(target, tmp_path):

@@ -23,7 +23,15 @@ from typing import Any
 
 from ..errors import InvalidPoolError, InvalidPoolTypeError
 
-__all__ = ["MAX_DIM", "MAX_LAYER_IDS", "FeatureHeadConfig", "default_layer_ids", "target_shape"]
+__all__ = [
+    "MAX_DIM",
+    "MAX_LAYER_IDS",
+    "MAX_ROPE_FACTOR",
+    "MAX_ROPE_THETA",
+    "FeatureHeadConfig",
+    "default_layer_ids",
+    "target_shape",
+]
 
 #: Largest width, vocabulary or layer id a config may hold (bounds what a config read from a file can allocate).
 MAX_DIM = 2**20
@@ -32,6 +40,29 @@ MAX_LAYER_IDS = 16
 #: Activations the head's MLP may use (names of ``transformers.activations.ACT2FN``).
 ACTIVATIONS = ("gelu", "gelu_pytorch_tanh", "relu", "silu")
 _FIX = "Fix the value, or rebuild the config with `FeatureHeadConfig.for_target(target)`."
+#: Largest `rope_theta` a config may hold (Llama 3's is 500,000).
+MAX_ROPE_THETA = 1e12
+#: Largest scaling number (`factor`, `low_freq_factor`, `beta_fast`, ...) a config's `rope_parameters` may hold.
+MAX_ROPE_FACTOR = 1e6
+#: The range of each number of `rope_parameters` that transformers' rotary embeddings divide by or scale with,
+#: wherever it appears: ``(low, low_included, high)`` (a bound `high` included). `factor` divides the inverse
+#: frequencies (and transformers asks for >= 1); llama3 divides the original context by `low_freq_factor` and
+#: `high_freq_factor`; yarn divides by `beta_fast` / `beta_slow` inside a logarithm, and by ``1 + 0.1 * mscale_all_dim *
+#: log(factor)``, which `mscale*` >= 0 keeps >= 1; longrope divides by each of `short_factor` / `long_factor` and by
+#: ``log(original_max_position_embeddings)``.
+_ROPE_RANGES: dict[str, tuple[float, bool, float]] = {
+    "factor": (1.0, True, MAX_ROPE_FACTOR),
+    "low_freq_factor": (0.0, False, MAX_ROPE_FACTOR),
+    "high_freq_factor": (0.0, False, MAX_ROPE_FACTOR),
+    "attention_factor": (0.0, False, MAX_ROPE_FACTOR),
+    "beta_fast": (0.0, False, MAX_ROPE_FACTOR),
+    "beta_slow": (0.0, False, MAX_ROPE_FACTOR),
+    "mscale": (0.0, True, MAX_ROPE_FACTOR),
+    "mscale_all_dim": (0.0, True, MAX_ROPE_FACTOR),
+    "partial_rotary_factor": (0.0, False, 1.0),
+    "short_factor": (0.0, False, MAX_ROPE_FACTOR),
+    "long_factor": (0.0, False, MAX_ROPE_FACTOR),
+}
 
 
 def default_layer_ids(num_layers: int) -> tuple[int, ...]:
@@ -179,11 +210,56 @@ class FeatureHeadConfig:
         theta = rope.get("rope_theta")
         if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not (math.isfinite(theta) and theta > 0):
             raise InvalidPoolError(f"`rope_parameters['rope_theta']` must be a float > 0, but is {theta!r}. {_FIX}")
+        if theta > MAX_ROPE_THETA:
+            raise InvalidPoolError(
+                f"`rope_parameters['rope_theta']` must be at most {MAX_ROPE_THETA:.0f}, but is {theta!r}. {_FIX}"
+            )
         for key, value in rope.items():
             scalar = value is None or isinstance(value, (str, int, float))
             if not isinstance(key, str) or not (scalar or _is_number_list(value)):
                 raise InvalidPoolTypeError(
                     f"`rope_parameters` must map names to numbers or strings, but {key!r} is {value!r}. {_FIX}"
+                )
+            numbers = value if isinstance(value, list) else [value]
+            if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
+                raise InvalidPoolError(
+                    f"`rope_parameters[{key!r}]` must hold finite numbers, but is {value!r}. {_FIX}"
+                )
+            if key in _ROPE_RANGES and value is not None:
+                _check_rope_range(key, value)
+        self._validate_rope_scaling(rope)
+
+    def _validate_rope_scaling(self, rope: dict[str, Any]) -> None:
+        """What one rope type divides by besides the ranges of `_ROPE_RANGES` (transformers only warns, then
+        divides by zero or computes non-finite frequencies)."""
+        kind = rope["rope_type"]
+        share = rope.get("partial_rotary_factor")
+        rotary = int(self.head_dim * (share if _is_number(share) else 1.0))  # the rotated dims of a head
+        original = rope.get("original_max_position_embeddings")
+        if original is not None:
+            _check_int("rope_parameters['original_max_position_embeddings']", original, 2, MAX_DIM * 64)
+        low, high = rope.get("low_freq_factor"), rope.get("high_freq_factor")
+        if kind == "llama3" and _is_number(low) and _is_number(high) and not high > low:
+            raise InvalidPoolError(
+                f"`rope_parameters['high_freq_factor']` must be greater than `low_freq_factor` (llama3 divides by "
+                f"their difference), but is {high!r} with `low_freq_factor` {low!r}. {_FIX}"
+            )
+        if kind == "yarn" and not rope["rope_theta"] > 1:
+            raise InvalidPoolError(
+                f"`rope_parameters['rope_theta']` must be greater than 1 for yarn (it divides by its logarithm), but "
+                f"is {rope['rope_theta']!r}. {_FIX}"
+            )
+        if kind == "dynamic" and rotary <= 2:
+            raise InvalidPoolError(
+                f"the rotated dimensions of a head must be more than 2 for dynamic rope (it divides by their number "
+                f"minus 2), but are {rotary} (`head_dim` {self.head_dim} times `partial_rotary_factor`). {_FIX}"
+            )
+        for key in ("short_factor", "long_factor"):
+            value = rope.get(key)
+            if kind == "longrope" and isinstance(value, list) and len(value) != rotary // 2:
+                raise InvalidPoolError(
+                    f"`rope_parameters[{key!r}]` must hold one number per rotated pair of a head's dimensions "
+                    f"({rotary // 2}), but holds {len(value)}. {_FIX}"
                 )
 
     def check_target(self, target: Any, where: str = "the feature head") -> None:
@@ -274,6 +350,24 @@ def _is_int(value: Any) -> bool:
 
 def _is_number_list(value: Any) -> bool:
     return isinstance(value, list) and len(value) <= 1024 and all(isinstance(v, (int, float)) for v in value)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_rope_range(key: str, value: Any) -> None:
+    """`value` (a number, or a list of numbers for `short_factor` / `long_factor`) in ``_ROPE_RANGES[key]``."""
+    low, closed, high = _ROPE_RANGES[key]
+    numbers = value if isinstance(value, list) else [value]
+    interval = f"{'[' if closed else '('}{low:.0f}, {high:.0f}]"
+    if not all(_is_number(v) for v in numbers):
+        raise InvalidPoolTypeError(
+            f"`rope_parameters[{key!r}]` must be a number in {interval}, but is {value!r}. {_FIX}"
+        )
+    if not all((v >= low if closed else v > low) and v <= high for v in numbers):
+        what = "hold numbers" if isinstance(value, list) else "be a number"
+        raise InvalidPoolError(f"`rope_parameters[{key!r}]` must {what} in {interval}, but is {value!r}. {_FIX}")
 
 
 def _check_int(name: str, value: Any, low: int, high: int, high_name: str | None = None) -> None:

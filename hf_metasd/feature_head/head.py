@@ -23,6 +23,7 @@ every entry stay in a `FeatureHeadCache` (one per sequence), which `FeatureHeadC
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -365,9 +366,16 @@ def _rotary(config: FeatureHeadConfig) -> LlamaRotaryEmbedding:
             rope_parameters=dict(config.rope_parameters),
             max_position_embeddings=config.max_position_embeddings,
         )
-        return LlamaRotaryEmbedding(llama)
-    except (ValueError, TypeError, KeyError) as err:
+        rotary = LlamaRotaryEmbedding(llama)
+    except (ValueError, TypeError, KeyError, ArithmeticError) as err:
         raise InvalidPoolError(
             f"`rope_parameters` must be rotary settings transformers' Llama accepts, but "
             f"{config.rope_parameters!r} is refused ({type(err).__name__}: {err}). Fix `rope_parameters`."
         ) from err
+    finite = rotary.inv_freq.device.type == "meta" or bool(torch.isfinite(rotary.inv_freq).all())  # meta: shapes only
+    if not finite or not math.isfinite(rotary.attention_scaling):
+        raise InvalidPoolError(
+            f"`rope_parameters` must give finite rotary frequencies, but {config.rope_parameters!r} gives non-finite "
+            "ones. Fix `rope_parameters`."
+        )
+    return rotary
