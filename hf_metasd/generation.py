@@ -5,8 +5,10 @@ Two ways in, same result:
 * ``model.generate(**inputs, custom_generate=hf_metasd.generate, assistant_models=[...])``: transformers' own hook;
   `generate` below is a decoding method with the signature transformers expects.
 * ``hf_metasd.enable()`` once, then ``model.generate(**inputs, assistant_models=[...])``. `enable` wraps
-  `GenerationMixin.generate`; a call without `assistant_models` goes to the original method untouched, and `disable`
-  restores it.
+  `GenerationMixin.generate`; a call without `assistant_models` (and without ``custom_generate=hf_metasd.generate``)
+  goes to the original method untouched, and `disable` restores it.
+
+Either way, transformers' single ``assistant_model=`` without `assistant_models` is a one-drafter pool (`one_pool`).
 
 The draft-and-verify loop is `hf_metasd.decoding.assisted_decoding` (transformers' assisted decoding, stopping
 where plain `generate` stops). A call never changes the user's objects: it drafts with per-call copies of the pool's
@@ -25,18 +27,19 @@ import inspect
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, fields
-from typing import Any, get_args
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
 
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
-from transformers.utils import ModelOutput
 
 from ._distributed import agreeing
 from .batched import MetaSDBatchStats, generate_batch
+from .call_checks import check_call_kwargs, check_drafter_device, check_stop_strings, check_target
 from .candidate_generator import MetaCandidateGenerator
 from .decoding import assisted_decoding, uncached_prompt_length
 from .drafters import as_drafters
-from .errors import DrafterCompatibilityError, MetaSDConfigError
+from .errors import MetaSDConfigError
 from .kernels import VerificationKernels
 from .policies import Policy, get_policy
 from .priors import set_priors
@@ -72,73 +75,17 @@ def _pool_from(assistant_models: Any) -> tuple[Any, dict[str, Any]]:
     return assistant_models, {}
 
 
-def _check_target(model: Any, generation_config: Any, input_ids: Any) -> None:
-    if getattr(model.config, "is_encoder_decoder", False):
+def one_pool(assistant_models: Any, assistant_model: Any) -> Any:
+    """The call's pool: `assistant_models`, or transformers' single `assistant_model` as a one-drafter pool (plain
+    `generate` runs assisted decoding with it; MetaSD drafts with it, losslessly). Both given is refused."""
+    if assistant_model is None:
+        return assistant_models
+    if assistant_models is not None:
         raise MetaSDConfigError(
-            f"the target must be a decoder-only model, but {type(model).__name__} is encoder-decoder. "
-            "Use transformers' `assistant_model=` for encoder-decoder targets."
+            "`assistant_model` must be None when `assistant_models` is given, but both are set. "
+            "Put every drafter in `assistant_models=[...]`."
         )
-    if getattr(model, "_is_stateful", False):
-        raise MetaSDConfigError(
-            f"the target must be able to roll back its cache, but {type(model).__name__} is stateful. "
-            "Use a transformer target."
-        )
-    _check_outputs_carry_cache(model)
-    if generation_config.use_cache is False:
-        raise MetaSDConfigError(
-            "`use_cache` must be True for MetaSD (the target verifies each draft on its KV cache and rolls it back "
-            "past rejected tokens), but is False. Drop `use_cache=False` (and set `generation_config.use_cache` "
-            "back to True if you changed it)."
-        )
-    if (generation_config.num_beams or 1) > 1:
-        raise MetaSDConfigError(
-            f"`num_beams` must be 1 for MetaSD, but is {generation_config.num_beams}. Use greedy or sampling."
-        )
-    if (generation_config.num_return_sequences or 1) > 1:
-        raise MetaSDConfigError(
-            f"`num_return_sequences` must be 1 for MetaSD, but is {generation_config.num_return_sequences}. "
-            "Call `generate` several times instead."
-        )
-    if getattr(generation_config, "assistant_ensemble_weight", None) is not None:
-        raise MetaSDConfigError(
-            f"`assistant_ensemble_weight` must be None for MetaSD (it changes the output distribution), but is "
-            f"{generation_config.assistant_ensemble_weight}. Drop it: MetaSD is lossless."
-        )
-    for key in ("prompt_lookup_num_tokens", "assistant_early_exit"):
-        if getattr(generation_config, key, None) is not None:
-            raise MetaSDConfigError(
-                f"`{key}` must be None when `assistant_models` is given, but is {getattr(generation_config, key)!r}. "
-                "Put that drafter in the pool instead (`hf_metasd.drafters.PromptLookupDrafter()`, "
-                "`hf_metasd.drafters.EarlyExitDrafter(target, k)`)."
-            )
-
-
-def _check_drafter_device(drafter: Any) -> None:
-    """Refuse a drafter on the ``meta`` device (a model built under ``torch.device("meta")``, or loaded without its
-    weights): it has no weights to draft with."""
-    if drafter.device.type == "meta":
-        raise DrafterCompatibilityError(
-            f"drafter {drafter.name!r} must hold its weights on a real device, but is on the `meta` device (built "
-            'under `torch.device("meta")`, or loaded without weights). Build or load it on a real device, e.g. '
-            "with `AutoModelForCausalLM.from_pretrained(...)`."
-        )
-
-
-def _check_outputs_carry_cache(model: Any) -> None:
-    """Refuse a target whose forward pass returns no cache: MetaSD verifies on the target's cache and rolls it back
-    past rejected tokens, and a model that keeps its state elsewhere (RecurrentGemma: inside its modules) cannot be
-    rolled back. Read from the output class that the model class's `forward` is annotated to return; a `forward`
-    without a `ModelOutput` annotation (e.g. a wrapper) is not refused here."""
-    returned = inspect.signature(type(model).forward).return_annotation
-    outputs = [t for t in get_args(returned) or (returned,) if isinstance(t, type) and issubclass(t, ModelOutput)]
-    carry = [{f.name for f in fields(output)} & {"cache", "past_key_values", "cache_params"} for output in outputs]
-    if outputs and not any(carry):
-        raise MetaSDConfigError(
-            f"the target's outputs must carry its cache (MetaSD rolls it back after each round), but "
-            f"{type(model).__name__} returns {outputs[0].__name__}, which has none (its state lives inside the "
-            "model). Call `generate` without `assistant_models` for this model (transformers' `assistant_model=` "
-            "fails on it too)."
-        )
+    return [assistant_model]
 
 
 def build_candidate_generator(
@@ -163,10 +110,10 @@ def build_candidate_generator(
             "`assistant_models` must be given to `hf_metasd.generate`, but is None. "
             "Pass e.g. `assistant_models=[drafter]`, or drop `custom_generate` for plain `generate`."
         )
-    _check_target(model, generation_config, input_ids)
+    check_target(model, generation_config, input_ids)
     drafters = as_drafters(drafters, model)
     for drafter in drafters:
-        _check_drafter_device(drafter)
+        check_drafter_device(drafter)
         drafter.check_compatible(model)
     policy = get_policy(settings.meta_policy, settings.meta_policy_kwargs or {})
     generator = MetaCandidateGenerator(
@@ -190,11 +137,23 @@ def build_candidate_generator(
     return generator
 
 
-def _caller_locals() -> dict[str, Any]:
-    """The local variables of the transformers `generate` call that called us (or an empty dict).
+#: True while `generate_with_pool` runs transformers' `generate`: it took `streamer` and `assistant_model` as
+#: arguments, so the decoding method reads no frame for them.
+_THROUGH_POOL_CALL: ContextVar[bool] = ContextVar("hf_metasd_through_pool_call", default=False)
 
-    transformers (5.x) hands a callable `custom_generate` neither the `streamer` nor the `assistant_model` given to
-    `generate`; both are still that call's arguments, so they are read from its frame.
+
+def _bare_call_arguments() -> dict[str, Any]:
+    """`streamer` and `assistant_model` of a bare ``model.generate(..., custom_generate=hf_metasd.generate)`` call
+    (each None when not given).
+
+    Every other way in passes both explicitly: `generate_with_pool` (`enable`, a ``custom_generate`` repository
+    folder) takes them as keyword arguments and hands this method ``metasd_streamer=`` and ``assistant_models=``,
+    leaving None in transformers' call. A bare call cannot: transformers 5.24 / 5.25 hand a callable `custom_generate`
+    only what its signature names beyond `GenerationMixin._sample`'s, popped from `generate`'s ``**kwargs``
+    (`GenerationMixin._extract_generation_mode_kwargs`), and `streamer` / `assistant_model` are named parameters of
+    `generate`, never in those. So they are read here, from that `generate` call's frame: the only place hf_metasd
+    reads a frame (without it, a bare call would drop a streamer after transformers put the prompt into it, and
+    `end()` would never come).
     """
     frame = sys._getframe(1)
     for _ in range(8):
@@ -202,7 +161,7 @@ def _caller_locals() -> dict[str, Any]:
         if frame is None:
             return {}
         if frame.f_code.co_name == "generate" and frame.f_globals.get("__name__") == "transformers.generation.utils":
-            return frame.f_locals
+            return {key: frame.f_locals.get(key) for key in ("streamer", "assistant_model")}
     return {}
 
 
@@ -248,30 +207,43 @@ def generate(
     Args:
         assistant_models: the pool: a list mixing transformers causal LMs, peft models (one arm per adapter) and
             `Drafter` objects, or a `DrafterPool` (which brings its own defaults).
-        metasd_streamer: another way to pass a streamer (kept for compatibility; ``streamer=`` works).
-        stop_strings: refused here, before any compute (`_check_stop_strings`): declared so that transformers hands
-            them to this method instead of failing on them for want of a tokenizer (it does not hand a callable
-            `custom_generate` the `tokenizer`). Through `hf_metasd.enable()`, ``stop_strings=`` with ``tokenizer=``
-            works as in plain `generate`.
+        metasd_streamer: the streamer as this method receives it explicitly (`generate_with_pool` passes the call's
+            ``streamer=`` here; it gets the prompt, then the kept tokens, then ``end()``). ``streamer=`` works on every
+            way in; a bare ``custom_generate=hf_metasd.generate`` call's, and its lone ``assistant_model=`` (a
+            one-drafter pool), are read by `_bare_call_arguments`, since transformers hands a callable neither.
+        stop_strings: refused here, before any compute (`hf_metasd.call_checks.check_stop_strings`): declared so
+            that transformers hands them to this method instead of failing on them for want of a tokenizer (it does
+            not hand a callable `custom_generate` the `tokenizer`). Through `hf_metasd.enable()`, ``stop_strings=``
+            with ``tokenizer=`` works as in plain `generate`.
 
     Returns:
         What `generate` returns; with ``return_dict_in_generate=True`` a `MetaSDGenerateOutput` whose `metasd` holds
         the per-round telemetry.
     """
-    given = {key: value for key, value in locals().items() if key in SETTINGS}  # the settings as passed to this call
+    given = {  # the settings as passed to this call (`resolve_settings` applies the precedence)
+        "num_assistant_tokens": num_assistant_tokens,
+        "meta_policy": meta_policy,
+        "meta_policy_kwargs": meta_policy_kwargs,
+        "meta_reward": meta_reward,
+        "meta_skinny_gemm": meta_skinny_gemm,
+        "meta_no_draft": meta_no_draft,
+        "meta_replay": meta_replay,
+        "meta_priors": meta_priors,
+        "meta_prior_weight": meta_prior_weight,
+        "meta_learned_priors": meta_learned_priors,
+        "meta_draft_length": meta_draft_length,
+    }
     if synced_gpus:
         raise MetaSDConfigError(
             "`synced_gpus` must be False for MetaSD (one process drafts and verifies), but is True. "
             "Run the target on one process; place it across devices with `device_map` instead."
         )
-    _check_stop_strings(stop_strings)
+    check_stop_strings(stop_strings)
     check_setting_names(model_kwargs, "`generate`'s keyword arguments")
-    caller = _caller_locals()
-    if caller.get("assistant_model") is not None:
-        raise MetaSDConfigError(
-            "`assistant_model` must be None when `assistant_models` is given, but both are set. "
-            "Put every drafter in `assistant_models=[...]`."
-        )
+    bare = {} if _THROUGH_POOL_CALL.get() else _bare_call_arguments()  # a bare `custom_generate=` call's only
+    assistant_models = one_pool(assistant_models, bare.get("assistant_model"))
+    if streamer is None:
+        streamer = bare.get("streamer")  # transformers already put the prompt into it
     drafters, pool_defaults = _pool_from(assistant_models)
     settings = resolve_settings(given, generation_config, pool_defaults)
     if input_ids.shape[0] > 1:  # a batch: one candidate generator per row (`hf_metasd.batched`)
@@ -288,7 +260,7 @@ def generate(
             logits_processor=logits_processor,
             stopping_criteria=stopping_criteria,
             generation_config=generation_config,
-            streamer=streamer if streamer is not None else caller.get("streamer"),
+            streamer=streamer,
             metasd_streamer=metasd_streamer,
             model_kwargs=model_kwargs,
         )
@@ -303,8 +275,6 @@ def generate(
         priors_from_call=given["meta_priors"] is not None,
     )
     uncached_prompt_length(input_ids, model_kwargs, generation_config)  # a cache passed in: checked before compute
-    if streamer is None:
-        streamer = caller.get("streamer")  # transformers already put the prompt into it
     if streamer is None and metasd_streamer is not None:
         streamer = metasd_streamer  # transformers never saw this one: it gets the prompt here
         streamer.put(input_ids.cpu())
@@ -396,27 +366,6 @@ def _stop_string_criteria(model: Any, kwargs: dict[str, Any]) -> None:
         kwargs["generation_config"] = config
 
 
-def _check_stop_strings(stop_strings: Any) -> None:
-    """Refuse `stop_strings` that reached `generate` itself, i.e. through ``custom_generate=hf_metasd.generate``.
-
-    transformers (5.x) takes `tokenizer` out of a call's arguments and drops it when `custom_generate` is a callable:
-    neither its own stopping criteria nor this method can see it. `generate` declares `stop_strings` so that
-    transformers passes them here (an argument of the method's own) instead of failing for want of a tokenizer, and
-    this says what works. (`enable` reads `tokenizer` before transformers does and builds the criterion itself, so
-    stop strings given through it never get here.)
-    """
-    if stop_strings is None:
-        return
-    raise MetaSDConfigError(
-        "`stop_strings` must be passed through `hf_metasd.enable()` (transformers does not hand a callable "
-        f"`custom_generate` the `tokenizer`), but are {stop_strings!r} with `custom_generate=hf_metasd.generate`. "
-        "Call `hf_metasd.enable()` first (then `stop_strings=` with `tokenizer=` works, with or without "
-        "`custom_generate`), pass `stopping_criteria=StoppingCriteriaList([StopStringCriteria(tokenizer, "
-        "stop_strings)])`, or use a `custom_generate` repository folder (`hf-metasd custom-generate-repo FOLDER`, "
-        "then `custom_generate=FOLDER, trust_remote_code=True`: a folder's `generate` gets the tokenizer)."
-    )
-
-
 def enable() -> None:
     """Let every transformers model's `generate` accept `assistant_models=` (idempotent; undo with `disable`).
 
@@ -430,7 +379,7 @@ def enable() -> None:
 
     @functools.wraps(original)
     def generate_with_metasd(self: Any, *args: Any, assistant_models: Any = None, **kwargs: Any) -> Any:
-        if assistant_models is None:
+        if assistant_models is None and kwargs.get("custom_generate") is not generate:
             check_setting_names(kwargs, "`generate`'s keyword arguments", unknown=False)
             given = [k for k in META_KWARGS if k in kwargs]
             if given:
@@ -446,43 +395,46 @@ def enable() -> None:
 
 
 def generate_with_pool(
-    model: Any, *args: Any, assistant_models: Any, original: Callable[..., Any] | None = None, **kwargs: Any
+    model: Any,
+    *args: Any,
+    assistant_models: Any = None,
+    assistant_model: Any = None,
+    streamer: Any = None,
+    original: Callable[..., Any] | None = None,
+    **kwargs: Any,
 ) -> Any:
     """``model.generate(*args, assistant_models=..., **kwargs)`` as `enable` serves it, without patching anything:
     the checks of both entry points, `stop_strings` with the `tokenizer` read before transformers drops it, then
     transformers' own `generate` (`original`; default: the unpatched `GenerationMixin.generate`) with this module's
-    `generate` as its decoding method. What `enable()` and a ``custom_generate`` repository folder call."""
+    `generate` as its decoding method. What `enable()` and a ``custom_generate`` repository folder call.
+
+    `assistant_model` and `streamer` are taken here, explicitly (transformers would not hand them to a callable
+    decoding method): a lone `assistant_model` is a one-drafter pool (`one_pool`), and the streamer reaches
+    `generate` as ``metasd_streamer``, which puts the prompt into it as transformers would have.
+    """
     if original is None:
         original = _ORIGINAL_GENERATE or GenerationMixin.generate
-    _check_call_kwargs(kwargs)
+    check_call_kwargs(kwargs)
+    assistant_models = one_pool(assistant_models, assistant_model)
     custom = kwargs.pop("custom_generate", None)
     if custom is not None and custom is not generate:
         raise MetaSDConfigError(
             f"`custom_generate` must be None or `hf_metasd.generate` with `assistant_models`, but is {custom!r}. "
             "Drop one of them."
         )
+    if streamer is not None:
+        if kwargs.get("metasd_streamer") is not None:
+            raise MetaSDConfigError(
+                "`metasd_streamer` must be None when `streamer` is given, but both are set. Pass the streamer once, "
+                "as `streamer=`."
+            )
+        kwargs["metasd_streamer"] = streamer
     _stop_string_criteria(model, kwargs)
-    return original(model, *args, custom_generate=generate, assistant_models=assistant_models, **kwargs)
-
-
-def _check_call_kwargs(kwargs: dict[str, Any]) -> None:
-    """Arguments that mean another assisted-decoding method: refused the same way on both entry points."""
-    check_setting_names(kwargs, "`generate`'s keyword arguments")
-    if kwargs.get("assistant_model") is not None:
-        raise MetaSDConfigError(
-            "`assistant_model` must be None when `assistant_models` is given, but both are set. "
-            "Put every drafter in `assistant_models=[...]`."
-        )
-    if kwargs.get("prompt_lookup_num_tokens") is not None:
-        raise MetaSDConfigError(
-            "`prompt_lookup_num_tokens` must be None when `assistant_models` is given, but is "
-            f"{kwargs['prompt_lookup_num_tokens']}. Add `hf_metasd.drafters.PromptLookupDrafter()` to the pool."
-        )
-    if kwargs.get("assistant_tokenizer") is not None:
-        raise MetaSDConfigError(
-            "`assistant_tokenizer` must be None when `assistant_models` is given, but is set. A drafter with "
-            "another tokenizer carries its own: build it as a drafter of the pool."
-        )
+    token = _THROUGH_POOL_CALL.set(True)
+    try:
+        return original(model, *args, custom_generate=generate, assistant_models=assistant_models, **kwargs)
+    finally:
+        _THROUGH_POOL_CALL.reset(token)
 
 
 def disable() -> None:

@@ -355,3 +355,100 @@ def test_a_fallback_that_repeats_an_abstained_arm_cannot_loop_forever(target, ta
     stats = out.metasd
     # at most one attempt per drafter and round (the last round has no room to draft)
     assert sum(stats.drafted) == 0 and 2 * (stats.rounds - 1) <= stats.empty_drafts <= 2 * stats.rounds
+
+
+# ---------------------------------------------------------------------- transformers' own arguments, explicitly
+ENTRIES = ("custom_generate", "enable")
+
+
+def _custom_generate(target, entry: str, prompt, **kwargs):
+    """``model.generate(..., custom_generate=hf_metasd.generate)``: bare, or with `hf_metasd.enable()` in effect."""
+    if entry == "enable":
+        hf_metasd.enable()
+    kwargs = {"do_sample": False, "max_new_tokens": MAX_NEW, **kwargs}
+    return target.generate(prompt, custom_generate=hf_metasd.generate, **kwargs)
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_lone_assistant_model_is_a_one_drafter_pool(target, drafters, target_copy, references, entry):
+    """``custom_generate=hf_metasd.generate`` with transformers' ``assistant_model=`` alone: plain `generate` runs
+    assisted decoding with it, MetaSD drafts with it as a pool of one (it was refused as "both are set")."""
+    for drafter, prompt, reference in ((target_copy, PROMPTS[0], references[0]), (drafters[0], PROMPTS[1], None)):
+        out = _custom_generate(target, entry, prompt, assistant_model=drafter, return_dict_in_generate=True)
+        hf_metasd.disable()
+        assisted = target.generate(prompt, do_sample=False, max_new_tokens=MAX_NEW, assistant_model=drafter)
+        assert torch.equal(out.sequences, assisted)  # as plain assisted decoding, and as plain greedy decoding
+        assert torch.equal(out.sequences, greedy(target, prompt, MAX_NEW) if reference is None else reference)
+        assert isinstance(out, hf_metasd.MetaSDGenerateOutput) and len(out.metasd.drafter_names) == 2  # + no_draft
+        assert sum(out.metasd.drafted) > 0
+    # both: refused before any compute, as before
+    with pytest.raises(hf_metasd.MetaSDConfigError, match=r"`assistant_model` must be None when `assistant_models`"):
+        _custom_generate(target, entry, PROMPTS[0], assistant_model=drafters[0], assistant_models=drafters[1:])
+
+
+def test_enable_without_custom_generate_leaves_a_lone_assistant_model_to_transformers(target, drafters, references):
+    hf_metasd.enable()
+    out = target.generate(
+        PROMPTS[0], do_sample=False, max_new_tokens=MAX_NEW, assistant_model=drafters[0], return_dict_in_generate=True
+    )
+    assert torch.equal(out.sequences, references[0]) and not isinstance(out, hf_metasd.MetaSDGenerateOutput)
+
+
+class _Collect:
+    def __init__(self):
+        self.chunks, self.ended = [], False
+
+    def put(self, value):
+        self.chunks.append(value.reshape(-1))
+
+    def end(self):
+        self.ended = True
+
+
+@pytest.mark.parametrize("custom", [False, True])
+def test_enable_hands_streamer_and_assistant_model_over_explicitly(target, drafters, references, monkeypatch, custom):
+    """Through `enable` (with or without ``custom_generate=hf_metasd.generate``) both arguments reach MetaSD as
+    arguments (`generate_with_pool` takes them): nothing reads transformers' frame on that path."""
+
+    def no_frame():
+        raise AssertionError("a call through `enable` read transformers' frame")
+
+    monkeypatch.setattr(hf_metasd.generation, "_bare_call_arguments", no_frame)
+    hf_metasd.enable()
+    extra = {"custom_generate": hf_metasd.generate} if custom else {}
+    streamer = _Collect()
+    out = target.generate(
+        PROMPTS[1], do_sample=False, max_new_tokens=MAX_NEW, assistant_models=drafters, streamer=streamer, **extra
+    )
+    assert torch.equal(out, references[1]) and torch.equal(torch.cat(streamer.chunks), out[0]) and streamer.ended
+    assert torch.equal(streamer.chunks[0], PROMPTS[1][0])  # the prompt first, as plain generate
+    streamer = _Collect()
+    out = _custom_generate(target, "enable", PROMPTS[0], assistant_model=drafters[0], streamer=streamer)
+    assert torch.equal(out, references[0]) and torch.equal(torch.cat(streamer.chunks), out[0]) and streamer.ended
+    with pytest.raises(
+        hf_metasd.MetaSDConfigError,
+        match=r"^`metasd_streamer` must be None when `streamer` is given, but both are set\. Pass the streamer once, "
+        r"as `streamer=`\.$",
+    ):
+        target.generate(PROMPTS[0], assistant_models=drafters, streamer=_Collect(), metasd_streamer=_Collect())
+
+
+def test_every_setting_reaches_the_precedence(target, drafters, monkeypatch):
+    """`generate` hands `resolve_settings` each setting it was called with, by name (no `locals()`)."""
+    from hf_metasd.settings import SETTINGS
+
+    seen = {}
+    resolve = hf_metasd.generation.resolve_settings
+
+    def spy(call, *args, **kwargs):
+        seen.update(call)
+        return resolve(call, *args, **kwargs)
+
+    monkeypatch.setattr(hf_metasd.generation, "resolve_settings", spy)
+    values = {"num_assistant_tokens": 2, "meta_policy": "ucb", "meta_policy_kwargs": {"beta": 0.5}}
+    values.update(meta_reward="speed", meta_skinny_gemm=False, meta_no_draft=True, meta_replay=False)
+    values.update(meta_priors={"no_draft": 0.1}, meta_prior_weight=3.0, meta_learned_priors=False)
+    values.update(meta_draft_length="fixed")
+    assert set(values) == set(SETTINGS)
+    metasd_greedy(target, PROMPTS[0], 4, assistant_models=drafters, **values)
+    assert seen == values
