@@ -47,10 +47,11 @@ def repo_generate(model: Any, *args: Any, **kwargs: Any) -> Any:
 
     The arguments transformers used to fetch the repository (`LOADING_KWARGS`) are dropped here: they were spent on
     loading. `assistant_models` is required: this repository is MetaSD, and a call without drafters is refused rather
-    than silently decoded without them.
+    than silently decoded without them (transformers' lone ``assistant_model=`` is a pool of one, as on the other ways
+    in: `hf_metasd.generation.one_pool`).
     """
     assistant_models = kwargs.pop("assistant_models", None)
-    if assistant_models is None:
+    if assistant_models is None and kwargs.get("assistant_model") is None:
         raise MetaSDConfigError(
             "`assistant_models` must be passed with the hf_metasd `custom_generate` repository, but is None. "
             "Pass the drafters, `assistant_models=[drafter, ...]` or a `DrafterPool`, or drop `custom_generate` "

@@ -217,6 +217,12 @@ def test_a_call_without_assistant_models_is_refused_before_compute(target, repo)
     assert not calls
 
 
+def test_a_lone_assistant_model_is_a_one_drafter_pool_through_the_repository(target, drafters, repo):
+    out = _through_repo(target, repo, PROMPTS[0], assistant_model=drafters[0], return_dict_in_generate=True)
+    assert torch.equal(out.sequences, target.generate(PROMPTS[0], do_sample=False, max_new_tokens=20))
+    assert len(out.metasd.drafter_names) == 2 and sum(out.metasd.drafted) > 0  # the drafter and the no-draft arm
+
+
 def test_after_enable_the_repository_is_refused_and_a_plain_call_serves(target, drafters, repo):
     # what the README's note says: `enable()` already serves `assistant_models`, so no `custom_generate` with it
     hf_metasd.enable()
