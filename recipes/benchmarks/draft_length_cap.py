@@ -33,6 +33,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--pool", default=None, help="pool folder (default: the embedded pool)")
+    p.add_argument(
+        "--with-prompt-lookup",
+        action="store_true",
+        help="also run each cap with prompt lookup added to the pool (its prior: the no-draft arm's)",
+    )
     p.add_argument("--out", type=Path, default=REPO_ROOT / "artifacts" / "draft_length_cap")
     args = p.parse_args(argv)
 
@@ -46,17 +51,39 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = mixed_stream(load_prompts_file(args.prompts, None, args.per_task))
     target, tokenizer, dtype = load_target("smollm2", args.dtype, args.threads)
     pool = load_embedded_pool(target, args.pool)
+    pools = {"": pool}
+    if args.with_prompt_lookup:
+        from hf_metasd.drafters import PromptLookupDrafter
+        from hf_metasd.pool import DrafterPool
 
-    def capped(n: int):
+        kwargs = pool.generate_kwargs()
+        priors = dict(pool.priors or {})
+        if priors:
+            priors["prompt_lookup"] = priors.get("no_draft", 0.25)
+        pools["+prompt_lookup"] = DrafterPool(
+            [*pool.drafters, PromptLookupDrafter()],
+            target=target,
+            policy=kwargs.get("meta_policy", pool.policy),
+            policy_kwargs=pool.policy_kwargs,
+            reward=pool.reward,
+            priors=priors or None,
+            prior_weight=pool.prior_weight,
+        )
+
+    def capped(n: int, members):
         return lambda prompt: {
             "custom_generate": metasd_generate,
-            "assistant_models": pool,
+            "assistant_models": members,
             "return_dict_in_generate": True,
             "num_assistant_tokens": n,
         }
 
     methods = [Method("autoregressive", "autoregressive", lambda prompt: {})]
-    methods += [Method(f"metasd[N={n}]", "metasd", capped(n)) for n in args.caps]
+    methods += [
+        Method(f"metasd[N={n}{suffix}]", "metasd", capped(n, members))
+        for n in args.caps
+        for suffix, members in pools.items()
+    ]
     records = run_bench(target, tokenizer, prompts, methods, max_new_tokens=args.max_new_tokens)
     summary = summarize(records, [d.name for d in pool.drafters])
     tasks = list(dict.fromkeys(r.task for r in records))
