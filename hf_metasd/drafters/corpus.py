@@ -22,7 +22,7 @@ of continuations (the most recent `max_occurrences` of them, each cut where the 
 wins; equal ones vote together; a context match drafts even when the corpus match is shorter than
 `min_match_length`. One drafter then covers both what the task's past answers repeat and what this answer copies from
 its prompt (on the dev prompts, greedy, N = 3, mean tokens per round of the MT-Bench corpus: 1.28 alone, 1.59 with
-context lookup, prompt lookup 1.24: docs/benchmarks.md). Searching the context costs one vectorised scan per
+context lookup, prompt lookup 1.24: docs/benchmarks_history.md). Searching the context costs one vectorised scan per
 matched token.
 
 **Online growth** (off by default, ``online_tokens=0``). With ``online_tokens > 0``, every finished `generate` call

@@ -67,7 +67,7 @@ class ScaledUCB(IndexPolicy):
     untrained drafters (`hf-metasd bench --mixed --untrained 3`, one run each): 0.95x plain, UCB at beta = 1
     0.65x (before replayed rounds); 0.93x and 0.57x, then 0.94x and 0.59x; with learned priors
     (`hf_metasd.reward_memory`: only the first call explores) 0.96x and 0.56x in the last run
-    (`docs/benchmarks.md`).
+    (`docs/benchmarks_history.md`).
     Pools built with `recipes/pools/build_default_pool.py` ship priors; a `Policy` instance carried over calls (the
     serving pattern) learns once for every call.
 
