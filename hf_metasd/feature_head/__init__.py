@@ -4,7 +4,8 @@
 * `FeatureHead`, `FeatureHeadCache` (`head`): the module (formulas in its docstring), drafting, cache rollback.
 * `FeatureRecorder` (`features`): the target's features from forward pre-hooks during its verification pass.
 * `save_feature_head`, `load_feature_head` (`io`): hf_metasd's layout; loading also reads speculators' EAGLE-3 layout
-  (`save_speculators`, `load_speculators` in `speculators`), as vLLM and SGLang serve it.
+  (`save_speculators`, `load_speculators` in `speculators`), the one speculators trains in and vLLM serves (SGLang
+  reads another: `hf_metasd.feature_head.speculators`).
 * `add_adapter`, `load_adapter`, `save_adapter`, `adapter_names` (`adapters`): per-task LoRA adapters on one resident
   head, one `FeatureHeadDrafter` arm each.
 """

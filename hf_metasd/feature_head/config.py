@@ -39,6 +39,7 @@ MAX_DIM = 2**20
 MAX_LAYER_IDS = 16
 #: Activations the head's MLP may use (names of ``transformers.activations.ACT2FN``).
 ACTIVATIONS = ("gelu", "gelu_pytorch_tanh", "relu", "silu")
+_FLAGS = ("attention_bias", "mlp_bias", "fc_bias", "norm_before_fc", "norm_before_residual", "fc_norm", "norm_output")
 _FIX = "Fix the value, or rebuild the config with `FeatureHeadConfig.for_target(target)`."
 #: Largest `rope_theta` a config may hold (Llama 3's is 500,000).
 MAX_ROPE_THETA = 1e12
@@ -119,6 +120,10 @@ class FeatureHeadConfig:
             transformers' ``LlamaConfig`` (``rope_parameters`` holds ``rope_type`` and ``rope_theta``).
         fc_bias: whether ``fc`` has a bias (early speculators heads).
         norm_before_fc: an RMSNorm over the ``k * H`` features before ``fc`` (``input_norm``; gpt-oss heads).
+        fc_norm: an RMSNorm over each fused layer's ``H`` features before ``fc`` (``fc_norm.<i>``, one per layer
+            id, in `layer_ids` order; speculators' ``fc_norm``). Not with `norm_before_fc`.
+        norm_output: drafting steps after the first feed the head's *normed* output ``norm(o)`` back, not ``o``
+            (speculators' ``norm_output``, "EAGLE 3.1"; the logits are the same either way).
         norm_before_residual: the residual of the decoder layer is the *normed* fused feature (speculators'
             ``norm_before_residual``).
 
@@ -155,6 +160,8 @@ class FeatureHeadConfig:
     fc_bias: bool = False
     norm_before_fc: bool = False
     norm_before_residual: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.layer_ids, list):
@@ -197,9 +204,14 @@ class FeatureHeadConfig:
         self._validate_rope()
         if self.hidden_act not in ACTIVATIONS:
             raise InvalidPoolError(f"`hidden_act` must be one of {list(ACTIVATIONS)}, but is {self.hidden_act!r}.")
-        for name in ("attention_bias", "mlp_bias", "fc_bias", "norm_before_fc", "norm_before_residual"):
+        for name in _FLAGS:
             if not isinstance(getattr(self, name), bool):
                 raise InvalidPoolTypeError(f"`{name}` must be a bool, but is {getattr(self, name)!r}. {_FIX}")
+        if self.norm_before_fc and self.fc_norm:
+            raise InvalidPoolError(
+                "`norm_before_fc` and `fc_norm` must not both be true (one norm over all fused features, or one per "
+                "fused layer, as speculators allows), but both are. Keep the one the head was trained with."
+            )
 
     def _validate_rope(self) -> None:
         rope = self.rope_parameters

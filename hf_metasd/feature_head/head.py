@@ -9,6 +9,7 @@ Head entry ``j`` pairs the feature of position ``j`` with the token that follows
 ``j + 1`` (the position of that token), as in speculators' training::
 
     g_j = fc(input_norm(f_j))                      (k H -> H; input_norm only with `norm_before_fc`)
+    g_j = fc([fc_norm_1(h_j^(s_1)); ...])          (instead, with `fc_norm`: one RMSNorm per fused layer)
     a_j = [input_layernorm(E[x_{j+1}]); hidden_norm(g_j)]                                         (2 H)
     u_j = r_j + o_proj(Attention(q_proj a_j, k_proj a_{<=j}, v_proj a_{<=j}))   r_j = g_j, or hidden_norm(g_j)
                                                                                 with `norm_before_residual`
@@ -17,8 +18,9 @@ Head entry ``j`` pairs the feature of position ``j`` with the token that follows
 
 The draft token ``d`` of ``z_j`` is the target token ``d + d2t[d]``; ``t2d[t]`` says whether target token ``t`` is in
 the draft vocabulary. Drafting step ``t > 0`` has no target feature for the token just drafted: it feeds the head's
-own output ``o_j`` in place of ``g_{j+1}`` (no ``fc``), as EAGLE-3's training-time test does. Keys and values of
-every entry stay in a `FeatureHeadCache` (one per sequence), which `FeatureHeadCache.crop` rolls back.
+own output ``o_j`` in place of ``g_{j+1}`` (no ``fc``), as EAGLE-3's training-time test does; with `norm_output` it
+feeds ``norm(o_j)`` instead (speculators' ``norm_output``, vLLM's ``aux_output``). Keys and values of every entry stay
+in a `FeatureHeadCache` (one per sequence), which `FeatureHeadCache.crop` rolls back.
 """
 
 from __future__ import annotations
@@ -148,7 +150,8 @@ class _DecoderLayer(nn.Module):
 
 class FeatureHead(nn.Module):
     """The draft head (formulas in the module docstring). Tensor names are speculators' (``fc``, ``layers.0.*``,
-    ``norm``, ``lm_head``, ``d2t``, ``t2d``, ``input_norm``), so both saved layouts hold the same `state_dict`.
+    ``norm``, ``lm_head``, ``d2t``, ``t2d``, ``input_norm``, ``fc_norm.<i>``), so both saved layouts hold the same
+    `state_dict`.
 
     Args:
         config: the head's shape.
@@ -194,6 +197,8 @@ class FeatureHead(nn.Module):
         hidden = config.hidden_size
         if config.norm_before_fc:
             self.input_norm = LlamaRMSNorm(config.fc_in_features, eps=config.rms_norm_eps)
+        if config.fc_norm:
+            self.fc_norm = nn.ModuleList([LlamaRMSNorm(hidden, eps=config.rms_norm_eps) for _ in config.layer_ids])
         self.fc = nn.Linear(config.fc_in_features, hidden, bias=config.fc_bias)
         self.layers = nn.ModuleList([_DecoderLayer(config)])
         self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
@@ -244,7 +249,8 @@ class FeatureHead(nn.Module):
 
     # ------------------------------------------------------------------ maths
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
-        """``g = fc(input_norm(f))``: ``(B, T, k H) -> (B, T, H)``."""
+        """``g = fc(input_norm(f))``, or with `fc_norm` ``fc`` of each layer's features normed apart:
+        ``(B, T, k H) -> (B, T, H)``."""
         if features.dim() != 3 or features.shape[-1] != self.config.fc_in_features:
             raise MetaSDConfigError(
                 f"`features` must have shape (B, T, {self.config.fc_in_features}) (the target's layers "
@@ -252,19 +258,26 @@ class FeatureHead(nn.Module):
                 "`FeatureRecorder(target, head.config.layer_ids)`."
             )
         features = features.to(self.fc.weight.dtype)
-        return self.fc(self.input_norm(features) if self.config.norm_before_fc else features)
+        if self.config.norm_before_fc:
+            features = self.input_norm(features)
+        if self.config.fc_norm:
+            chunks = features.split(self.config.hidden_size, dim=-1)
+            features = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, chunks, strict=True)], dim=-1)
+        return self.fc(features)
 
     def forward(
         self, hidden: torch.Tensor, input_ids: torch.LongTensor, cache: FeatureHeadCache
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append ``T`` entries to `cache`: `hidden` ``(B, T, H)`` (``g`` or the head's own ``o``) paired with the
-        target ids `input_ids` ``(B, T)`` that follow. Returns draft-vocabulary logits ``z`` ``(B, T, Vd)`` and the
-        layer's outputs ``o`` ``(B, T, H)`` (before `norm`)."""
+        """Append ``T`` entries to `cache`: `hidden` ``(B, T, H)`` (``g``, or what an earlier call returned) paired
+        with the target ids `input_ids` ``(B, T)`` that follow. Returns draft-vocabulary logits ``z`` ``(B, T, Vd)``
+        and what the next drafting step feeds back, ``(B, T, H)``: the layer's outputs ``o`` (before `norm`), or
+        ``norm(o)`` with `norm_output`."""
         embeds = self.embedding(input_ids).to(hidden.dtype)
         positions = cache.length + 1 + torch.arange(input_ids.shape[1], device=input_ids.device)
         cos, sin = self.rotary_emb(embeds, positions.expand(input_ids.shape[0], -1))
         out = self.layers[0](embeds, hidden, cos, sin, cache)
-        return self.lm_head(self.norm(out)), out
+        normed = self.norm(out)
+        return self.lm_head(normed), normed if self.config.norm_output else out
 
     def draft_to_target(self, draft_ids: torch.LongTensor) -> torch.LongTensor:
         """Target ids of draft ids: ``d + d2t[d]``."""

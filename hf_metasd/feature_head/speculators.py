@@ -1,33 +1,57 @@
-"""speculators' EAGLE-3 layout: the format vLLM and SGLang serve EAGLE-3 heads in (`vllm-project/speculators`).
+"""speculators' EAGLE-3 layout: the format `speculators` (`vllm-project/speculators`) trains EAGLE-3 heads in and vLLM
+serves them from.
 
-Read from speculators' own source (``src/speculators/models/eagle3.py``, ``models/eagle3/{config,core,
-model_definitions}.py``, ``model.py`` (``DraftVocabMixin``), ``config.py``) and vLLM's loader
-(``vllm/model_executor/models/llama_eagle3.py``, ``vllm/transformers_utils/configs/speculators/{base,algos}.py``).
-Only the layout is shared; the code here is hf_metasd's own and does not import speculators.
+Read from speculators' own source (``src/speculators/models/eagle3/{config,core,model_definitions}.py``,
+``model.py`` (``DraftVocabMixin``), ``config.py``; version 0.9) and vLLM's loader
+(``vllm/model_executor/models/llama_eagle3.py``, ``vllm/transformers_utils/configs/speculators/{base,algos}.py``,
+and the target's capture loop in ``llama.py``). Only the layout is shared; the code here is hf_metasd's own and does
+not import speculators (``tests/test_feature_head_speculators.py`` checks both directions against speculators' own
+classes when it is installed).
+
+SGLang does **not** serve this layout: its EAGLE-3 loader (``sglang/srt/models/llama_eagle3.py``) reads EAGLE's
+original layout (``architectures: ["LlamaForCausalLMEagle3"]``, a flat Llama config, the decoder layer's tensors
+named ``midlayer.*``; SpecForge writes it) and skips ``layers.0.*`` tensors without an error. hf_metasd reads and
+writes neither that layout nor SGLang's: a folder in it is refused by name; ``speculators convert FOLDER --algorithm
+eagle3 --verifier TARGET`` turns it into this layout, which then loads.
 
 A folder holds ``config.json`` and ``model.safetensors`` (or shards with ``model.safetensors.index.json``):
 
-* ``config.json``: ``speculators_model_type: "eagle3"``; ``architectures`` (``["Eagle3Speculator"]``);
-  ``transformer_layer_config``: a Llama config of the single decoder layer, as ``LlamaConfig.to_diff_dict()`` writes
-  it (a key left out has `LLAMA_DEFAULTS`'s value; ``num_hidden_layers: 1``); ``draft_vocab_size``;
-  ``norm_before_residual``; ``norm_before_fc``; ``target_hidden_size`` (``null``: the target's is the head's);
-  ``eagle_aux_hidden_state_layer_ids`` (the fused target layers, EAGLE-3 ids; ``null`` -> ``(2, L // 2, L - 3)``);
-  ``embed_requires_grad``; ``speculators_config``: ``{"algorithm": "eagle3", "proposal_methods": [{"proposal_type":
-  "greedy", "speculative_tokens": n, "verifier_accept_k": 1, "accept_tolerance": 0.0}], "default_proposal_method":
-  "greedy", "verifier": {"name_or_path": ..., "architectures": [...]}}``.
+* ``config.json``: ``speculators_model_type: "eagle3"``; ``architectures`` (``["Eagle3Speculator"]``; speculators
+  0.9 writes ``["Eagle3DraftModel"]``); ``transformer_layer_config``: a Llama config of the single decoder layer, as
+  ``LlamaConfig.to_diff_dict()`` writes it (a key left out has `LLAMA_DEFAULTS`'s value; ``num_hidden_layers: 1``);
+  ``draft_vocab_size``; ``norm_before_residual``; ``norm_before_fc``; ``fc_norm``; ``norm_output``;
+  ``target_hidden_size`` (``null``: the target's is the head's); ``eagle_aux_hidden_state_layer_ids`` (the fused
+  target layers, EAGLE-3 ids; ``null`` -> ``(2, L // 2, L - 3)``); ``embed_requires_grad``; ``speculators_config``:
+  ``{"algorithm": "eagle3", "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": n,
+  "verifier_accept_k": 1, "accept_tolerance": 0.0}], "default_proposal_method": "greedy", "verifier":
+  {"name_or_path": ..., "architectures": [...]}}``.
 * tensors: ``fc.weight`` ``(H, k H)`` (``fc.bias`` in early heads), ``layers.0.self_attn.{q,k,v}_proj.weight``
   ``(heads * head_dim, 2 H)``, ``layers.0.self_attn.o_proj.weight``, ``layers.0.mlp.{gate,up,down}_proj.weight``,
   ``layers.0.{input_layernorm,hidden_norm,post_attention_layernorm}.weight``, ``norm.weight``, ``lm_head.weight``
   ``(Vd, H)``, ``d2t`` int64 ``(Vd,)`` (offsets: target id = ``d + d2t[d]``), ``t2d`` bool ``(V,)``;
-  ``input_norm.weight`` ``(k H,)`` with ``norm_before_fc``; ``embed_tokens.weight`` ``(V, H)`` (a frozen copy of the
-  target's embedding; optional: vLLM and speculators take the target's when it is absent). ``d2t`` / ``t2d`` are
-  absent when ``Vd == V`` (newer speculators).
+  ``input_norm.weight`` ``(k H,)`` with ``norm_before_fc``; ``fc_norm.<i>.weight`` ``(H,)``, ``i < k``, with
+  ``fc_norm``; ``embed_tokens.weight`` ``(V, H)`` (a frozen copy of the target's embedding; optional: vLLM and
+  speculators take the target's when it is absent). ``d2t`` / ``t2d`` are absent when ``Vd == V`` (newer
+  speculators).
+
+What the flags mean (speculators' ``Eagle3DraftModel.forward``, vLLM's ``combine_hidden_states`` and ``forward``):
+``norm_before_fc`` is one RMSNorm over the ``k H`` fused features before ``fc``; ``fc_norm`` one RMSNorm per fused
+layer (not with ``norm_before_fc``); ``norm_output`` feeds ``norm(o)`` rather than ``o`` back at drafting steps after
+the first (`hf_metasd.feature_head.head`). All three load and save.
+
+**Layer order.** ``fc`` reads the fused features in **ascending** layer-id order, whatever the order of
+``eagle_aux_hidden_state_layer_ids``: vLLM's target appends each listed layer's features as its decoder loop passes
+that layer, and speculators trains on features vLLM captured. A load therefore sorts the ids (``fc``'s columns and
+the ``fc_norm`` / ``input_norm`` weights stay as stored); `save_speculators` writes a head whose `layer_ids` are not
+ascending with those columns and weights permuted to ascending order, which computes the same.
 
 Differences between readers that a file must not leave open are refused rather than guessed: a missing
 ``norm_before_residual`` (speculators defaults it to false, vLLM to true), a missing ``draft_vocab_size``
 (speculators: 32000, vLLM: ``V``), ``embed_requires_grad: true`` (a trained embedding: this head shares the
 target's), ``target_hidden_size`` other than the hidden size, a ``transformer_layer_config`` other than a one-layer
-Llama.
+Llama, ``norm_before_fc`` with ``fc_norm``. A top-level key this module does not know is named in one warning (a newer
+speculators' flag may change the head's maths). `save_speculators` refuses what vLLM cannot load: a head fusing other
+than 3 layers (vLLM's reader builds ``fc`` over ``3 H`` features), unless ``for_vllm=False``.
 """
 
 from __future__ import annotations
@@ -46,7 +70,18 @@ from .config import FeatureHeadConfig, default_layer_ids, target_shape
 from .head import FeatureHead
 from .io import expected_state, load_state, new_head, read_json, read_tensors, tensor_names, weight_files
 
-__all__ = ["LLAMA_DEFAULTS", "WEIGHTS_NAME", "config_from_speculators", "load_speculators", "save_speculators"]
+__all__ = [
+    "KNOWN_KEYS",
+    "LLAMA_DEFAULTS",
+    "VLLM_FUSED_LAYERS",
+    "WEIGHTS_NAME",
+    "ascending_state",
+    "check_layout",
+    "check_vllm",
+    "config_from_speculators",
+    "load_speculators",
+    "save_speculators",
+]
 
 WEIGHTS_NAME = "model.safetensors"
 #: transformers' ``LlamaConfig`` defaults: ``to_diff_dict`` leaves out a value equal to them, so that is what a
@@ -68,6 +103,42 @@ LLAMA_DEFAULTS: dict[str, Any] = {
     "mlp_bias": False,
 }
 _FIX = "Use an EAGLE-3 head saved by speculators (or `save_speculators`) for this target."
+#: How many target layers vLLM's EAGLE-3 reader fuses (``fc`` over ``3 * target_hidden_size`` features).
+VLLM_FUSED_LAYERS = 3
+#: The top-level ``config.json`` keys of speculators' EAGLE-3 config, and the metadata transformers and speculators
+#: add; any other key is named in a warning.
+KNOWN_KEYS = frozenset(
+    {
+        "architectures",
+        "auto_map",
+        "chunk_size_feed_forward",
+        "draft_vocab_size",
+        "dtype",
+        "eagle_aux_hidden_state_layer_ids",
+        "embed_requires_grad",
+        "fc_norm",
+        "has_no_defaults_at_init",
+        "id2label",
+        "is_encoder_decoder",
+        "label2id",
+        "model_type",
+        "norm_before_fc",
+        "norm_before_residual",
+        "norm_output",
+        "output_attentions",
+        "output_hidden_states",
+        "problem_type",
+        "return_dict",
+        "speculators_config",
+        "speculators_model_type",
+        "speculators_version",
+        "target_hidden_size",
+        "tie_word_embeddings",
+        "torch_dtype",
+        "transformer_layer_config",
+        "transformers_version",
+    }
+)
 
 
 def config_from_speculators(data: Any, target: Any, *, fc_bias: bool = False, where: str = "config.json"):
@@ -75,9 +146,15 @@ def config_from_speculators(data: Any, target: Any, *, fc_bias: bool = False, wh
 
     `fc_bias` says whether the weights hold ``fc.bias`` (the config does not say). Raises `InvalidPoolError` for
     anything the head cannot serve (module docstring)."""
-    if not isinstance(data, dict) or data.get("speculators_model_type") != "eagle3":
-        found = data.get("speculators_model_type") if isinstance(data, dict) else type(data).__name__
-        raise InvalidPoolError(f'`speculators_model_type` in {where} must be "eagle3", but is {found!r}. {_FIX}')
+    check_layout(data, where)
+    unknown = sorted(str(key) for key in data if key not in KNOWN_KEYS and not str(key).startswith("_"))
+    if unknown:
+        warnings.warn(
+            f"{where} has keys this hf_metasd version does not know, ignored: {unknown}. If one changes the head's "
+            "maths, its drafts are wrong: upgrade hf_metasd to use them.",
+            UserWarning,
+            stacklevel=2,
+        )
     layer = data.get("transformer_layer_config", {})
     if not isinstance(layer, dict):
         raise InvalidPoolTypeError(f"`transformer_layer_config` in {where} must be an object, but is {layer!r}.")
@@ -122,6 +199,8 @@ def config_from_speculators(data: Any, target: Any, *, fc_bias: bool = False, wh
             UserWarning,
             stacklevel=2,
         )
+    if isinstance(layer_ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in layer_ids):
+        layer_ids = sorted(layer_ids)  # fc reads them in layer order, as vLLM captures them (module docstring)
     heads = llama["num_attention_heads"]
     return FeatureHeadConfig(
         hidden_size=llama["hidden_size"],
@@ -141,7 +220,30 @@ def config_from_speculators(data: Any, target: Any, *, fc_bias: bool = False, wh
         fc_bias=fc_bias,
         norm_before_fc=data.get("norm_before_fc", False),
         norm_before_residual=data["norm_before_residual"],
+        fc_norm=data.get("fc_norm", False),
+        norm_output=data.get("norm_output", False),
     )
+
+
+def check_layout(data: Any, where: str = "config.json") -> None:
+    """Raise `InvalidPoolError` unless the parsed ``config.json`` `data` is speculators' EAGLE-3 layout; EAGLE's
+    original layout (SGLang's, SpecForge's: ``LlamaForCausalLMEagle3``, ``midlayer.*``) is named, with the command that
+    converts it."""
+    if isinstance(data, dict) and data.get("speculators_model_type") == "eagle3":
+        return
+    found = data.get("speculators_model_type") if isinstance(data, dict) else type(data).__name__
+    architectures = data.get("architectures") if isinstance(data, dict) else None
+    eagle = (
+        [a for a in architectures if isinstance(a, str) and "Eagle3" in a] if isinstance(architectures, list) else []
+    )
+    if found is None and eagle:
+        raise InvalidPoolError(
+            f'`speculators_model_type` in {where} must be "eagle3" (speculators\' EAGLE-3 layout), but is missing: the '
+            f"architectures {eagle} are EAGLE's original layout (SGLang's and SpecForge's, `midlayer.*` tensors), "
+            "which hf_metasd does not read. Convert the folder with `speculators convert FOLDER --algorithm eagle3 "
+            "--verifier TARGET` and load the converted folder."
+        )
+    raise InvalidPoolError(f'`speculators_model_type` in {where} must be "eagle3", but is {found!r}. {_FIX}')
 
 
 def _rope_parameters(layer: dict[str, Any], where: str) -> dict[str, Any]:
@@ -169,7 +271,7 @@ def speculators_config(
     num_speculative_tokens: int = 3,
     dtype: torch.dtype | None = None,
 ) -> dict[str, Any]:
-    """The ``config.json`` of `head` in speculators' layout (module docstring)."""
+    """The ``config.json`` of `head` in speculators' layout (module docstring); its layer ids ascending."""
     config = head.config
     rope = dict(config.rope_parameters)
     theta = rope.pop("rope_theta")
@@ -195,10 +297,12 @@ def speculators_config(
     return {
         "architectures": ["Eagle3Speculator"],
         "draft_vocab_size": config.draft_vocab_size,
-        "eagle_aux_hidden_state_layer_ids": list(config.layer_ids),
+        "eagle_aux_hidden_state_layer_ids": sorted(config.layer_ids),
         "embed_requires_grad": False,
+        "fc_norm": config.fc_norm,
         "norm_before_fc": config.norm_before_fc,
         "norm_before_residual": config.norm_before_residual,
+        "norm_output": config.norm_output,
         "speculators_config": {
             "algorithm": "eagle3",
             "default_proposal_method": "greedy",
@@ -212,6 +316,38 @@ def speculators_config(
     }
 
 
+def ascending_state(head: FeatureHead) -> dict[str, torch.Tensor]:
+    """`head`'s weights (`FeatureHead.base_state_dict`, on the CPU) for its layer ids in ascending order: ``fc``'s
+    column blocks, ``input_norm``'s blocks and the ``fc_norm.<i>`` permuted to match (the same function of the same
+    features, concatenated in layer order). Unchanged when the ids already ascend."""
+    config = head.config
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in head.base_state_dict().items()}
+    k, hidden = len(config.layer_ids), config.hidden_size
+    order = sorted(range(k), key=lambda i: config.layer_ids[i])
+    if order == list(range(k)):
+        return tensors
+    fc = tensors["fc.weight"]
+    tensors["fc.weight"] = fc.view(fc.shape[0], k, hidden)[:, order].reshape(fc.shape[0], k * hidden).contiguous()
+    if config.norm_before_fc:
+        tensors["input_norm.weight"] = tensors["input_norm.weight"].view(k, hidden)[order].reshape(-1).contiguous()
+    if config.fc_norm:
+        norms = [tensors[f"fc_norm.{i}.weight"] for i in range(k)]
+        tensors.update({f"fc_norm.{new}.weight": norms[old] for new, old in enumerate(order)})
+    return tensors
+
+
+def check_vllm(head: FeatureHead) -> None:
+    """Raise `InvalidPoolError` if vLLM's EAGLE-3 reader cannot load `head` (module docstring)."""
+    layer_ids = list(head.config.layer_ids)
+    if len(layer_ids) != VLLM_FUSED_LAYERS:
+        raise InvalidPoolError(
+            f"`layer_ids` of a head saved in speculators' layout must name {VLLM_FUSED_LAYERS} target layers (vLLM's "
+            f"EAGLE-3 reader fuses {VLLM_FUSED_LAYERS}), but names {len(layer_ids)}: {layer_ids}. Train the head on "
+            f'{VLLM_FUSED_LAYERS} layers, keep it in hf_metasd\'s layout (`layout="hf_metasd"`), or pass '
+            "`for_vllm=False` to write a folder only speculators and hf_metasd load."
+        )
+
+
 def save_speculators(
     head: FeatureHead,
     folder: str | os.PathLike,
@@ -220,27 +356,34 @@ def save_speculators(
     verifier_architectures: list[str] | None = None,
     num_speculative_tokens: int = 3,
     include_embedding: bool = True,
+    for_vllm: bool = True,
 ) -> None:
-    """Write `head` to `folder` in speculators' EAGLE-3 layout, for vLLM / SGLang / speculators to load.
+    """Write `head` to `folder` in speculators' EAGLE-3 layout, for vLLM and speculators to load (not SGLang: module
+    docstring).
 
-    ``d2t`` / ``t2d`` are written unless the draft vocabulary is the target's in order; with `include_embedding` the
-    shared target embedding is written as ``embed_tokens.weight`` (as speculators does; readers take the target's
-    when it is absent). The verifier fields and `num_speculative_tokens` only fill speculators' metadata."""
+    With `for_vllm` (the default) a head vLLM cannot load (`check_vllm`: other than 3 fused layers) is refused before
+    anything is written. The layer ids are written ascending, ``fc`` permuted to match (`ascending_state`). ``d2t`` /
+    ``t2d`` are written unless the draft vocabulary is the target's in order; with `include_embedding` the shared
+    target embedding is written as ``embed_tokens.weight`` (as speculators does; readers take the target's when it is
+    absent). The verifier fields and `num_speculative_tokens` only fill speculators' metadata (speculators' own
+    ``from_pretrained`` reads the verifier's embedding from `verifier_name_or_path`)."""
+    if for_vllm:
+        check_vllm(head)
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in head.base_state_dict().items()}
+    tensors = ascending_state(head)
     identity = not bool(tensors["d2t"].any()) and bool(tensors["t2d"].all())
     if identity:
         del tensors["d2t"], tensors["t2d"]
     if include_embedding:
         tensors["embed_tokens.weight"] = head.embedding.weight.detach().to("cpu", head.fc.weight.dtype).contiguous()
-    save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
     config = speculators_config(
         head,
         verifier_name_or_path=verifier_name_or_path,
         verifier_architectures=verifier_architectures,
         num_speculative_tokens=num_speculative_tokens,
     )
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
@@ -253,6 +396,7 @@ def load_speculators(folder: str | os.PathLike, target: Any) -> FeatureHead:
     fix = "Restore the file, or re-save the head with `save_speculators`."
     where = repr(str(folder / "config.json"))
     data = read_json(folder / "config.json", fix)
+    check_layout(data, where)  # before the weights: EAGLE's original layout may hold none that load
     files = weight_files(folder, WEIGHTS_NAME, fix)
     config = config_from_speculators(data, target, fc_bias="fc.bias" in tensor_names(files, fix), where=where)
     expected = expected_state(config, target, f"the EAGLE-3 head at {str(folder)!r}")
