@@ -25,8 +25,9 @@ and :math:`b` the other's, recompute the target's logits over the common prefix 
 the vocabulary). A low-precision pass ranks :math:`b` above :math:`a` only if its errors on the two logits close
 the float32 gap, :math:`|g| \le |\delta_a| + |\delta_b|`; with each error at most about :math:`\epsilon`, two passes
 can rank them differently only when :math:`|g| \le 2 \epsilon`. A wrong token (a drafted token accepted against the
-target, say) has a float32 gap of whole logits and is reported as an error. On SmolLM2-135M in bfloat16
-:math:`\epsilon` is 0.25-0.85 logits (about 3-11 units of bfloat16 rounding, :math:`2^{-8}`, of the largest logit);
+target, say) has a float32 gap of whole logits and is reported as an error. On SmolLM2-135M in bfloat16, over
+1,344 positions of dev-split answers, :math:`\epsilon` had a median of 0.37 logits (3.5 units of bfloat16 rounding,
+:math:`2^{-8}`, of the largest logit) and a maximum of 1.35, while the 23 divergences seen had gaps of at most 0.31;
 see docs/concepts.md, "The lossless contract", for the measurements. In float32, :math:`\tau = 0`: nothing but
 identity passes.
 
