@@ -186,10 +186,13 @@ ENTRY_POINTS = ("enable", "custom_generate")
 PROMPTS = [torch.tensor([[5, 17, 42, 8, 5, 17, 42]]), torch.tensor([[3, 61, 3, 61, 29, 3, 61, 29]])]
 
 
-def build(family: str, *, seed: int = 0) -> torch.nn.Module:
-    """A tiny random model of `family`, in eval mode, that never stops early (no eos)."""
+def build(family: str, *, seed: int = 0, attn_implementation: str | None = None) -> torch.nn.Module:
+    """A tiny random model of `family`, in eval mode, that never stops early (no eos); `attn_implementation` is set
+    in its config before it is built (transformers 5.24 cannot switch some families, falcon among them, afterwards)."""
     config_class, model_class, kwargs = {**ARCHITECTURES, "recurrent_gemma": RECURRENT_GEMMA}[family]
     torch.manual_seed(seed)
+    if attn_implementation is not None:
+        kwargs = {**kwargs, "attn_implementation": attn_implementation}
     config = getattr(transformers, config_class)(
         vocab_size=VOCAB, pad_token_id=0, bos_token_id=0, eos_token_id=None, **kwargs
     )
@@ -537,8 +540,7 @@ def test_attentions_and_hidden_states_are_plain_generates(families, family, entr
     the pass, it must not move with it, or each step carries the candidates' key columns too."""
     fam = families(family)
     skip_if_stateful(fam)
-    target = copy.deepcopy(fam.target)
-    target.set_attn_implementation("eager")  # sdpa returns no attentions
+    target = build(family, attn_implementation="eager")  # sdpa returns no attentions
     # a model without attention layers has no `attentions` in its outputs (plain `generate` fails on asking for them)
     attentions = family not in ("mamba", "mamba2", "falcon_mamba")
     asked = {"return_dict_in_generate": True, "output_attentions": attentions, "output_hidden_states": True}
