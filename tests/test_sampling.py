@@ -16,6 +16,16 @@ SAMPLES = 1500
 PROMPT = torch.tensor([[1, 4, 2]])
 
 
+class Constant(Drafter):
+    """A deterministic drafter without logits: always token 3."""
+
+    kind = "constant"
+    returns_logits = False
+
+    def draft(self, input_ids, num_tokens, *, logits_processor=None, do_sample=False):
+        return torch.full((1, num_tokens), 3), None
+
+
 def _models(dtype: torch.dtype = torch.float32):
     target = sharpen(tiny_llama(10, vocab=VOCAB), 3.0).to(dtype)
     drafters = [sharpen(tiny_llama(s, layers=1, vocab=VOCAB), 3.0).to(dtype) for s in (11, 12)]
@@ -86,13 +96,6 @@ def test_prompt_lookup_style_drafter_without_logits_keeps_the_distribution(small
     """A deterministic drafter (no logits) goes through transformers' sample-and-compare path: still exact."""
     target, drafters = small
 
-    class Constant(Drafter):
-        kind = "constant"
-        returns_logits = False
-
-        def draft(self, input_ids, num_tokens, *, logits_processor=None, do_sample=False):
-            return torch.full((1, num_tokens), 3), None
-
     torch.manual_seed(1)
     counts = _sample_counts(
         lambda: target.generate(
@@ -112,13 +115,6 @@ def test_sampling_in_bfloat16_follows_the_target_distribution():
     """The bfloat16 contract for sampling: draws follow the target's distribution as its bfloat16 passes compute it,
     with drafters that give logits (speculative sampling) and a deterministic one (sample and compare) in one pool."""
     target, drafters = _models(torch.bfloat16)
-
-    class Constant(Drafter):
-        kind = "constant"
-        returns_logits = False
-
-        def draft(self, input_ids, num_tokens, *, logits_processor=None, do_sample=False):
-            return torch.full((1, num_tokens), 3), None
 
     torch.manual_seed(3)
     counts = _sample_counts(
