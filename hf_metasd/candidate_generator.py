@@ -52,7 +52,7 @@ from .reward_memory import RewardMemory
 from .rewards import RoundFeedback, is_cost_aware, reward_name
 from .settings import MetaSDSettings
 from .stats import MetaSDStats
-from .tree import TreeRound, TreeRounds, TreeVerdict
+from .tree import MAX_TREE_ARMS, TreeRound, TreeRounds, TreeVerdict
 
 __all__ = ["NO_DRAFT", "MetaCandidateGenerator"]
 
@@ -183,8 +183,14 @@ class MetaCandidateGenerator(CandidateGenerator):
         self.costs = CostModel(keys, smoothing=cost_smoothing, target=target)
         # verification costs by length are measured in every mode (telemetry); only "measured" chooses by them
         self.draft_length = settings.meta_draft_length
+        widest = 1 + MAX_TREE_ARMS * self.num_assistant_tokens if settings.meta_tree else None  # the widest tree
         self.lengths = DraftLength(
-            self.num_arms, self.num_assistant_tokens, keys=keys, target=target, smoothing=cost_smoothing
+            self.num_arms,
+            self.num_assistant_tokens,
+            keys=keys,
+            target=target,
+            smoothing=cost_smoothing,
+            max_width=widest,
         )
         self.round_length = RoundLength(
             self.lengths,
@@ -238,7 +244,8 @@ class MetaCandidateGenerator(CandidateGenerator):
             # the arms the width policy adds draft too; with any draft, the round verifies a token tree
             exclude = {*round_.abstained, self.no_draft_arm}
             primary = (round_.arm, round_.tokens, round_.logits)
-            round_.tree = self.trees.grow(primary, input_ids, exclude, catch_up=self._catch_up, cut=self._cut)
+            grow = {"primary_match": round_.match_class, "catch_up": self._catch_up, "cut": self._cut}
+            round_.tree = self.trees.grow(primary, input_ids, exclude, **grow)
         self._start_verification(round_)
         if round_.tokens is None:
             return input_ids, None

@@ -13,7 +13,7 @@ from .mask import ancestor_matrix, tree_attention_mask, tree_position_ids
 from .rounds import TreeRound, TreeRounds
 from .token_tree import TokenTree
 from .verify import TreeVerdict, tree_pass, verify_tree
-from .width import MAX_TREE_ARMS, choose_tree, expected_tokens, optimistic_rates
+from .width import MAX_TREE_ARMS, choose_tree, expected_tokens, extrapolate, optimistic_rates
 
 __all__ = [
     "MAX_TREE_ARMS",
@@ -27,6 +27,7 @@ __all__ = [
     "ancestor_matrix",
     "choose_tree",
     "expected_tokens",
+    "extrapolate",
     "keep_rows",
     "optimistic_rates",
     "tree_attention_mask",

@@ -143,18 +143,19 @@ class TreeRounds:
         input_ids: torch.LongTensor,
         exclude: set[int | None],
         *,
+        primary_match: int | None = None,
         catch_up: Callable[[int, torch.LongTensor], float],
         cut: Callable[[int, torch.Tensor], tuple[torch.Tensor, int | None]],
     ) -> TreeRound | None:
         """The round's tree: the `primary` ``(arm, tokens (n,), logits (n, V) or None)`` the policy's arm drafted,
-        and the arms and lengths `plan` adds (none from `exclude`), each caught up (`catch_up(arm, input_ids)`
-        returns its prompt-prefill seconds), drafted and cut as its match class says (`cut`). ``None`` when no arm
-        was added or none drafted anything: the round is a chain."""
+        (its draft's match class `primary_match`), and the arms and lengths `plan` adds (none from `exclude`), each
+        caught up (`catch_up(arm, input_ids)` returns its prompt-prefill seconds), drafted and cut as its match class
+        says (`cut`). ``None`` when no arm was added or none drafted anything: the round is a chain."""
         arm, tokens, _ = primary
         clock = self.stats.clock
         plan = self.plan(arm, int(tokens.shape[0]), input_ids.shape[1], {a for a in exclude if a is not None})
         drafts = [primary]
-        record = TreeRound(tree=None)  # type: ignore[arg-type]
+        record = TreeRound(tree=None, match_classes={arm: primary_match})  # type: ignore[arg-type]
         for arm, length in plan:
             start = clock()
             prefill = catch_up(arm, input_ids)

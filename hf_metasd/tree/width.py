@@ -20,11 +20,11 @@ the arm and length that raise :math:`E(S) / c(S)` the most, while one raises it.
 (:math:`\hat v` grows with :math:`k` about as fast as tokens are gained) nothing is added and the round is today's
 chain; where it is cheap (a GPU's pass over a few tokens costs about one token's), arms are mixed.
 
-**Widths not measured yet** (`extrapolate`): a pass wider than any measured one is priced on the line from a plain
-step's cost through the widest measured pass's, :math:`\hat v(k) = \hat v(K) + (k - K)\,\max(0, (\hat v(K) -
-\hat v(1)) / (K - 1))`, so a machine whose chain passes grow dear with their tokens is not asked to try wide trees
-first, and one whose passes cost the same at every length tries them at once; once measured, a width reads its own
-cost.
+**Widths not measured yet** (`extrapolate`): a pass wider than any measured one is priced on the line through the
+narrowest and the widest measured passes, :math:`\hat v(k) = \hat v(K) + (k - K)\,\max(0, (\hat v(K) -
+\hat v(k_0)) / (K - k_0))`, and not at all before two widths are measured (the round is then a chain). A machine
+whose chain passes grow dear with their tokens is so never asked to try wide trees, and one whose passes cost the
+same at every length tries them at once; once measured, a width reads its own cost.
 
 **Optimism for arms seen little** (`optimistic_rates`): an arm's rates are raised by
 :math:`c / \sqrt{1 + T_{a,j}}` (at most 1), with :math:`T_{a,j}` the rounds that reached its position :math:`j`:
@@ -142,17 +142,19 @@ def optimistic_rates(rates: Sequence[float], tried: Sequence[float], exploration
 
 def extrapolate(verify: Sequence[float | None], measured: Mapping[int, float]) -> list[float | None]:
     """`verify` (:math:`\\hat v(k)` for ``k = 1 ..``, as `DraftLength.verification_seconds` reads it) with every
-    width beyond the widest `measured` one (width -> smoothed seconds) priced on the line from width 1 through it
-    (see the module docstring); unchanged where width 1 or no wider one is measured.
+    width beyond the widest `measured` one (width -> smoothed seconds) priced on the line through the narrowest and
+    the widest measured ones, or unknown (``None``) while fewer than two widths are measured (module docstring).
 
     Example:
         >>> extrapolate([1.0, 2.0, 2.0, 2.0], {1: 1.0, 2: 2.0})   # the guesses past width 2 were 2.0
         [1.0, 2.0, 3.0, 4.0]
         >>> extrapolate([1.0, 1.0, 1.0], {1: 1.0, 2: 0.9})        # no slope: the widest's cost
         [1.0, 1.0, 0.9]
+        >>> extrapolate([1.0, 1.0, 1.0], {2: 1.0})                # one width measured: no line yet
+        [1.0, 1.0, None]
     """
-    widest = max(measured, default=0)
-    if 1 not in measured or widest < 2:
-        return list(verify)
-    slope = max(0.0, (measured[widest] - measured[1]) / (widest - 1))
+    narrowest, widest = min(measured, default=0), max(measured, default=0)
+    if narrowest == widest:
+        return [v if k <= widest else None for k, v in enumerate(verify, start=1)]
+    slope = max(0.0, (measured[widest] - measured[narrowest]) / (widest - narrowest))
     return [v if k <= widest else measured[widest] + (k - widest) * slope for k, v in enumerate(verify, start=1)]
