@@ -305,8 +305,8 @@ def test_a_batch_verifies_chains_and_says_why(target, drafters, target_copy):
 
 
 def test_attention_that_takes_no_dense_mask_and_other_caches_are_refused_a_tree(target):
-    """`tree_unsupported` names the reason: an attention implementation without a dense mask, a cache layer that is
-    not a plain one, extra model inputs, no `position_ids` in `forward`."""
+    """`tree_unsupported` names the reason: an attention implementation without a dense mask, a cache without plain
+    layers, extra model inputs, no `position_ids` or `cache` in `forward`."""
     ids = torch.tensor([[1, 2, 3]])
     cache = DynamicCache(config=target.config)
     assert tree_unsupported(target, cache, {}, ids) is None
@@ -326,6 +326,14 @@ def test_attention_that_takes_no_dense_mask_and_other_caches_are_refused_a_tree(
 
     assert tree_unsupported(NoPositions(target.config), cache, {}, ids) == (
         "NoPositions.forward takes no `position_ids` (a node's position is its depth)"
+    )
+
+    class OldCacheName(LlamaForCausalLM):
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, **kwargs):
+            return super().forward(input_ids=input_ids, attention_mask=attention_mask, cache=past_key_values, **kwargs)
+
+    assert tree_unsupported(OldCacheName(target.config), cache, {}, ids) == (
+        "OldCacheName.forward takes no `cache` argument (a tree pass hands it the cache by that name)"
     )
 
 

@@ -87,8 +87,13 @@ def tree_unsupported(model: Any, cache: Any, model_kwargs: dict[str, Any], input
         return "ALiBi positions follow a key's index in the cache, not its depth in the tree"
     if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True):
         return f"sliding-window attention (window {config.sliding_window}) builds its mask from positions"
-    if "position_ids" not in inspect.signature(model.forward).parameters:
+    parameters = inspect.signature(model.forward).parameters
+    if "position_ids" not in parameters:
         return f"{type(model).__name__}.forward takes no `position_ids` (a node's position is its depth)"
+    if "cache" not in parameters:
+        return (
+            f"{type(model).__name__}.forward takes no `cache` argument (a tree pass hands it the cache by that name)"
+        )
     mask = model_kwargs.get("attention_mask")
     if mask is not None and not bool(mask.all()):
         return "a padded attention mask (a tree pass attends to every cached position)"
