@@ -1,7 +1,6 @@
 """Token trees in the loop (``meta_tree=True``): greedy output is plain `generate`'s through both entry points, the
 width policy builds trees where a pass's width is cheap and picks one arm where it is dear (a fake pass-cost curve),
-sampling keeps the target's distribution with several drafters in the tree, deterministic ones among them, and
-where a tree cannot run the call verifies chains and says why, once."""
+and where a tree cannot run the call verifies chains and says why, once (sampling: `tests/test_tree_sampling.py`)."""
 
 from __future__ import annotations
 
@@ -10,15 +9,14 @@ import re
 
 import pytest
 import torch
-from conftest import StopOnToken, greedy, metasd_greedy, prompts, sharpen, tiny_llama
+from conftest import StopOnToken, greedy, metasd_greedy, prompts
 from test_architectures import perturbed
 from test_feature_head_drafter import _Spy, trained_head
-from test_sampling import _chi_square_p
 from transformers import DynamicCache, LlamaForCausalLM
 
 import hf_metasd
 from hf_metasd import MetaSDTypeError
-from hf_metasd.drafters import Drafter, ModelDrafter, PromptLookupDrafter
+from hf_metasd.drafters import ModelDrafter, PromptLookupDrafter
 from hf_metasd.feature_head import FeatureRecorder
 from hf_metasd.tree import tree_unsupported
 
@@ -174,81 +172,6 @@ def test_dear_width_picks_one_arm(target, drafters, target_copy, fake_clock):
     assert [tree_rounds(s) for s in stats] == [0, 0, 0]
     assert all(s.tree_reason is None for s in stats)
     assert "trees:" not in stats[-1].summary()
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# sampling
-# ---------------------------------------------------------------------------------------------------------------------
-class Constant(Drafter):
-    """A deterministic drafter (no logits) that proposes `token` again and again."""
-
-    kind = "constant"
-    returns_logits = False
-
-    def __init__(self, token: int, name: str | None = None):
-        super().__init__(name=name or f"constant{token}")
-        self.token = token
-
-    def draft(self, input_ids, num_tokens, *, logits_processor=None, do_sample=False):
-        return torch.full((1, num_tokens), self.token), None
-
-
-SAMPLE_VOCAB, SAMPLES = 6, 1500
-SAMPLE_PROMPT = torch.tensor([[1, 4, 2]])
-
-
-def _exact_pair(target) -> torch.Tensor:
-    """p(x3, x4 | prompt): the third and fourth new tokens, the first two summed out, shape (V, V)."""
-    v = SAMPLE_VOCAB
-
-    def next_probs(ids: list[int]) -> torch.Tensor:
-        return (
-            target(torch.cat([SAMPLE_PROMPT, torch.tensor([ids], dtype=torch.long)], dim=1)).logits[0, -1].softmax(-1)
-        )
-
-    with torch.no_grad():
-        pair = torch.zeros(v, v)
-        p1 = target(SAMPLE_PROMPT).logits[0, -1].softmax(-1)
-        for x1 in range(v):
-            p2 = next_probs([x1])
-            for x2 in range(v):
-                p3 = next_probs([x1, x2])
-                for x3 in range(v):
-                    pair[x3] += p1[x1] * p2[x2] * p3[x3] * next_probs([x1, x2, x3])
-    return pair
-
-
-@pytest.mark.parametrize("kind", ["two", "four"])
-def test_sampling_with_trees_follows_the_target_distribution(fake_clock, kind, entry_point):
-    """Trees of two drafters (a model, a deterministic one) or four (two models, two deterministic ones): the third and
-    fourth new tokens, which the tree round after the first round decides unless that one kept three, follow the
-    target's distribution (chi-square, as `tests/test_sampling.py`)."""
-    if entry_point == "enable":
-        pytest.skip("one entry point is enough for the distribution (the greedy tests cover both)")
-    target = sharpen(tiny_llama(10, vocab=SAMPLE_VOCAB), 3.0)
-    models = [sharpen(tiny_llama(s, layers=1, vocab=SAMPLE_VOCAB), 3.0) for s in (11, 12)]
-    pool = [models[0], Constant(3)] if kind == "two" else [models[0], Constant(3), models[1], Constant(0)]
-    counts = torch.zeros(SAMPLE_VOCAB, SAMPLE_VOCAB)
-    trees = 0
-    torch.manual_seed(5)
-    with fake_clock.charging((target, FLAT)):
-        for _ in range(SAMPLES):
-            out = target.generate(
-                SAMPLE_PROMPT,
-                do_sample=True,
-                top_k=0,
-                max_new_tokens=4,
-                custom_generate=hf_metasd.generate,
-                assistant_models=pool,
-                num_assistant_tokens=2,
-                meta_tree=True,
-                meta_no_draft=False,
-                return_dict_in_generate=True,
-            )
-            counts[out.sequences[0, -2], out.sequences[0, -1]] += 1
-            trees += tree_rounds(out.metasd)
-    assert trees > SAMPLES / 4
-    assert _chi_square_p(counts, _exact_pair(target)) > 1e-3
 
 
 # ---------------------------------------------------------------------------------------------------------------------
