@@ -107,11 +107,13 @@ def entry_point(request):
 
 @pytest.fixture(autouse=True)
 def _restore_generate():
-    """Every test leaves transformers unpatched, and starts with no rewards learnt and no verification costs measured
-    by another test's calls (a fake clock's costs would otherwise steer a later test's draft lengths)."""
+    """Every test leaves transformers unpatched, and starts with no rewards learnt and no verification or round costs
+    measured by another test's calls (a fake clock's costs would otherwise steer a later test's draft lengths and
+    arms)."""
     clear_reward_memory()
     hf_metasd.draft_length._CACHE.clear()
     hf_metasd.kernels._PASS_COSTS.clear()
+    hf_metasd.costs._CACHE.clear()
     yield
     hf_metasd.disable()
 
