@@ -52,7 +52,6 @@ from .reward_memory import RewardMemory
 from .rewards import RoundFeedback, is_cost_aware, reward_name
 from .settings import MetaSDSettings
 from .stats import MetaSDStats
-from .tree import MAX_TREE_ARMS, TreeRound, TreeRounds, TreeVerdict
 
 __all__ = ["NO_DRAFT", "MetaCandidateGenerator"]
 
@@ -76,7 +75,6 @@ class _Round:
     prefill_seconds: float = 0.0  # a drafter's first ingest of the prompt: not part of its round cost
     match_class: int | None = None  # the draft's match class (`hf_metasd.draft_length.match_class`), if it has one
     kernel: str | None = None  # the verification kernel of the round's pass (None: not chosen per pass)
-    tree: TreeRound | None = None  # the other arms' drafts, when the round verifies a token tree
 
     @property
     def drafted(self) -> int:
@@ -85,7 +83,7 @@ class _Round:
     @property
     def width(self) -> int:
         """Tokens of the round's verification pass."""
-        return 1 + self.drafted if self.tree is None else self.tree.tree.width
+        return 1 + self.drafted
 
 
 class MetaCandidateGenerator(CandidateGenerator):
@@ -183,14 +181,12 @@ class MetaCandidateGenerator(CandidateGenerator):
         self.costs = CostModel(keys, smoothing=cost_smoothing, target=target)
         # verification costs by length are measured in every mode (telemetry); only "measured" chooses by them
         self.draft_length = settings.meta_draft_length
-        widest = 1 + MAX_TREE_ARMS * self.num_assistant_tokens if settings.meta_tree else None  # the widest tree
         self.lengths = DraftLength(
             self.num_arms,
             self.num_assistant_tokens,
             keys=keys,
             target=target,
             smoothing=cost_smoothing,
-            max_width=widest,
         )
         self.round_length = RoundLength(
             self.lengths,
@@ -223,11 +219,6 @@ class MetaCandidateGenerator(CandidateGenerator):
             if replay_applies(settings.meta_replay, do_sample=self.do_sample, reward=reward, policy=policy)
             else None
         )
-        # token trees (`hf_metasd.tree`): None unless `meta_tree`; the loop checks once whether they can run
-        self.trees: TreeRounds | None = None
-        if settings.meta_tree:
-            parts = (self.drafters, self.lengths, self.round_length, self.costs, self.rewards, self.stats)
-            self.trees = TreeRounds(*parts, logits_processor=logits_processor, do_sample=self.do_sample)
         self._pending: _Round | None = None
         self._last_arm: int | None = None
         self._seen: set[int] = set()
@@ -240,12 +231,6 @@ class MetaCandidateGenerator(CandidateGenerator):
         round_ = self._start_round(input_ids)
         round_.arm = self._select(round_.first)
         self._draft(round_, input_ids)
-        if self.trees is not None and self.trees.active and not round_.first and round_.tokens is not None:
-            # the arms the width policy adds draft too; with any draft, the round verifies a token tree
-            exclude = {*round_.abstained, self.no_draft_arm}
-            primary = (round_.arm, round_.tokens, round_.logits)
-            grow = {"primary_match": round_.match_class, "catch_up": self._catch_up, "cut": self._cut}
-            round_.tree = self.trees.grow(primary, input_ids, exclude, **grow)
         self._start_verification(round_)
         if round_.tokens is None:
             return input_ids, None
@@ -313,11 +298,6 @@ class MetaCandidateGenerator(CandidateGenerator):
                 return
             round_.arm = self._check_arm(fallback, "fallback")
 
-    @property
-    def tree(self) -> Any:
-        """The `TokenTree` of the round handed out last (None: a chain), for the loop to verify (`verify_tree`)."""
-        return None if self._pending is None or self._pending.tree is None else self._pending.tree.tree
-
     def _cut(self, arm: int, tokens: torch.LongTensor) -> tuple[torch.LongTensor, int | None]:
         """`tokens` cut by the arm's match class (`RoundLength.cut`), and the class."""
         return self.round_length.cut(arm, tokens, getattr(self.drafters[arm], "last_match_length", 0))
@@ -326,9 +306,8 @@ class MetaCandidateGenerator(CandidateGenerator):
         # A drafter that also drafted the previous round only ingests the accepted + bonus tokens: ordinary drafting
         # cost. Its first ingest of the sequence is its prompt prefill (any drafter pays it, alone or in a pool).
         # Anything else (rounds missed while other arms ran) is the cost of switching: catch-up. Returns the prefill's
-        # seconds (0 for any other part). An arm of the previous round's token tree drafted that round too.
-        in_tree = self.stats.tree_arms[-1] if self.stats.tree_arms and len(self.stats.tree_arms[-1]) > 1 else ()
-        part = "draft" if self._last_arm == arm or arm in in_tree else ("catch_up" if arm in self._seen else "prefill")
+        # seconds (0 for any other part).
+        part = "draft" if self._last_arm == arm else ("catch_up" if arm in self._seen else "prefill")
         start = self.clock()
         with self.stats.timed(part):
             self.drafters[arm].catch_up(input_ids)
@@ -368,33 +347,21 @@ class MetaCandidateGenerator(CandidateGenerator):
         num_matches: int,
         *,
         num_kept: int | None = None,
-        verdict: TreeVerdict | None = None,
     ) -> None:
         """Learn from the verification of this round: `scores` ``(1, n + 1, V)`` are the target's processed logits,
         `num_matches` the drafted tokens it accepted, `num_kept` the tokens the round added after stopping criteria
-        (default: ``num_matches + 1``); `verdict` the verified tree of a tree round (`tree`)."""
+        (default: ``num_matches + 1``)."""
         round_, self._pending = self._pending, None
         if round_ is None:  # called without get_candidates: nothing to learn
             return
-        tree = None if verdict is None or round_.tree is None else round_.tree
-        accepted = min(int(num_matches), round_.drafted if tree is None else tree.tree.num_drafted)
+        accepted = min(int(num_matches), round_.drafted)
         kept = accepted + 1 if num_kept is None else int(num_kept)
-        side: dict[int, float] = {}
-        if tree is None:
-            seconds = self._measure(round_, accepted)
-            feedback = self._feedback(round_, scores, accepted, seconds)
-        else:  # every arm in the tree measured and scored (`TreeRounds.learn`), the policy's arm as a pull
-            verify = self.clock() - round_.verify_started
-            fastest = True if self.kernels is None else self.kernels.after_pass(round_.width, round_.kernel, verify)
-            drafting = round_.verify_started - round_.started - round_.prefill_seconds
-            feedback, side = self.trees.learn(tree, verdict, round_.arm, drafting, verify, fastest=fastest)
-            scores = verdict.scores[[0, *tree.tree.branches[round_.arm]]][None]
+        seconds = self._measure(round_, accepted)
+        feedback = self._feedback(round_, scores, accepted, seconds)
         reward = None if feedback is None else self._learn(round_, feedback, input_ids, scores)
         if self.replay is not None:
             self.stats.replay_rewards.append(self._replay(round_, feedback, input_ids, scores.shape[-1]))
         self._record(round_, min(accepted, kept), kept, reward)
-        if self.trees is not None:
-            self.trees.record(verdict if tree else None, round_.arm, round_.drafted, min(accepted, kept), side)
 
     def _measure(self, round_: _Round, accepted: int) -> float:
         """Fold what the round measured into the call's estimates, and return the round's wall time: the kernel's
@@ -469,7 +436,7 @@ class MetaCandidateGenerator(CandidateGenerator):
                     first_token=int(input_ids[0, round_.start]) if input_ids.shape[1] > round_.start else None,
                     vocab_size=vocab_size,
                     cut=self._cut,
-                    skip={round_.arm, *round_.abstained, *(round_.tree.tree.arms if round_.tree else ())},
+                    skip={round_.arm, *round_.abstained},
                 )
             for replayed in proposed if verify is not None else ():  # its round's cost: proposing, this verification
                 self.costs.observe(replayed.arm, verify + replayed.seconds)
@@ -486,7 +453,7 @@ class MetaCandidateGenerator(CandidateGenerator):
         """The round's telemetry (`MetaSDStats`)."""
         stats = self.stats
         stats.arms.append(round_.arm)
-        stats.drafted.append(round_.drafted if round_.tree is None else round_.tree.tree.num_drafted)
+        stats.drafted.append(round_.drafted)
         stats.accepted.append(accepted)
         stats.new_tokens.append(kept)
         stats.rewards.append(reward)

@@ -45,7 +45,6 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput, _speculativ
 from ._compat import activate_past_recording
 from .errors import MetaSDConfigError
 from .feature_head import FeatureRecorder
-from .tree import verify_tree
 
 __all__ = ["assisted_decoding", "uncached_prompt_length"]
 
@@ -318,8 +317,6 @@ def assisted_decoding(
     # attentions or hidden states returned, the first round feeds the prompt alone, as plain's prefill, and then the
     # candidates, so that those rows are plain's
     split_prompt = (output_attentions or output_hidden_states) and _padded_prompt(mask, prompt_fed)
-    if getattr(candidate_generator, "trees", None) is not None:  # token trees (`hf_metasd.tree`): decided once
-        candidate_generator.trees.check(model, model_kwargs, input_ids, generation_config)
 
     is_first_iteration = True
     finished = False
@@ -327,7 +324,6 @@ def assisted_decoding(
         cur_len = input_ids.shape[1]
         # 1. candidates from the pool (none: a plain target step)
         candidate_ids, candidate_logits = candidate_generator.get_candidates(input_ids)
-        tree, verdict = getattr(candidate_generator, "tree", None), None  # several arms' drafts: one token tree
         with stats.timed("verify"):
             candidate_ids = candidate_ids.to(model.device)
             if candidate_logits is not None:
@@ -343,14 +339,7 @@ def assisted_decoding(
                 candidate_kwargs = _prepare_position_ids(candidate_kwargs, new_length, False)
             # a Python int: on hybrid caches `get_seq_length` returns a tensor that this very pass updates in place
             cached = int(model_kwargs["cache"].get_seq_length())
-            if tree is not None:  # the tree's pass and path; below, the kept path's rows as a chain's (`verify_tree`)
-                processed = {"logits_processor": logits_processor, "do_sample": do_sample, "recorders": recorders}
-                verdict = verify_tree(model, tree, input_ids, model_kwargs["cache"], **processed)
-                outputs, recorded, passes = verdict.outputs, verdict.path_features(), []
-                logits = verdict.kept_scores(raw=True)
-                candidate_ids = torch.cat((input_ids, verdict.token_tensor(input_ids.device)[:, :-1]), dim=-1)
-                candidate_length = verdict.num_accepted
-            elif is_first_iteration and candidate_length > 0 and split_prompt:
+            if is_first_iteration and candidate_length > 0 and split_prompt:
                 prompt_kwargs = _prepare_attention_mask(copy.copy(model_kwargs), mask_offset + cur_len, False)
                 outputs, recorded, passes, logits = _prompt_then_candidates(
                     model, candidate_ids, cur_len, prompt_kwargs, candidate_kwargs, prompt_fed, cached, **one
@@ -382,12 +371,7 @@ def assisted_decoding(
                     new_logits[:, i, :] = logits_processor(candidate_ids[:, : cur_len + i], new_logits[:, i, :])
 
             # 4. acceptance: speculative sampling with drafter logits, else token matching
-            if tree is not None:
-                valid_tokens, n_matches = verdict.token_tensor(input_ids.device), verdict.num_accepted
-            else:
-                valid_tokens, n_matches = accept_draft(
-                    candidate_ids[:, cur_len:], candidate_logits, new_logits, do_sample
-                )
+            valid_tokens, n_matches = accept_draft(candidate_ids[:, cur_len:], candidate_logits, new_logits, do_sample)
             budget = generation_config.max_length - cur_len
             valid_tokens = valid_tokens[:, :budget]
 
@@ -401,15 +385,12 @@ def assisted_decoding(
             if streamer is not None and kept:
                 streamer.put(input_ids[:, cur_len:].cpu())
             # the cache holds every position fed; keep all but the last kept token (fed next round)
-            if tree is not None:
-                verdict.keep(kept)
-            else:
-                outputs.cache.crop(-(candidate_length + 1 - kept))
+            outputs.cache.crop(-(candidate_length + 1 - kept))
             if recorders and kept:
                 _observe_features(
                     candidate_generator, recorded, input_ids, cur_len, prompt_fed, kept, is_first_iteration
                 )
-        candidate_generator.update_candidate_strategy(input_ids, new_logits, n_matches, num_kept=kept, verdict=verdict)
+        candidate_generator.update_candidate_strategy(input_ids, new_logits, n_matches, num_kept=kept)
 
         model_kwargs = model._update_model_kwargs_for_generation(
             outputs, model_kwargs, is_encoder_decoder=False, num_new_tokens=kept

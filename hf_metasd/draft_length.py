@@ -104,8 +104,6 @@ class DraftLength:
         smoothing: the cost estimates' exponential smoothing :math:`\\lambda \\in (0, 1]`.
         prior_weight: :math:`w`, pseudo-rounds behind each acceptance rate's shrinkage target.
         min_observations: measurements of a verification length before its estimate is trusted when it is dear.
-        max_width: the most tokens of a verification pass whose cost is kept (default ``max_tokens + 1``; a call
-            that verifies token trees, `hf_metasd.tree`, passes its widest tree).
     """
 
     def __init__(
@@ -118,7 +116,6 @@ class DraftLength:
         smoothing: float = 0.3,
         prior_weight: float = 2.0,
         min_observations: int = 2,
-        max_width: int | None = None,
     ) -> None:
         self.num_arms = check_int("num_arms", num_arms, low=1, hint="Pass the call's number of arms.")
         self.max_tokens = check_int("max_tokens", max_tokens, low=1, hint="Use the call's `num_assistant_tokens`.")
@@ -134,9 +131,8 @@ class DraftLength:
         self._cache = target_cache(_CACHE, target)
         cache = self._cache if self._cache is not None else {}  # no target: nothing shared
         # verification pass over k tokens (index k): smoothed seconds and number of measurements
-        widest = self.max_tokens + 1 if max_width is None else max(self.max_tokens + 1, int(max_width))
         self._verify: list[tuple[float, int] | None] = [
-            cache.get(("verify", k, self._threads)) for k in range(widest + 1)
+            cache.get(("verify", k, self._threads)) for k in range(self.max_tokens + 2)
         ]
         self._verify[0] = None
         # per arm and drafted position j (index j - 1): rounds that reached it, rounds that accepted it; the lists
@@ -229,17 +225,12 @@ class DraftLength:
             )
         return out
 
-    def tried(self, arm: int) -> list[float]:
-        """:math:`T_{a,j}`: the (faded) rounds of `arm` that reached each drafted position ``j = 1, 2, ...``."""
-        return list(self._tried[arm])
-
     def draft_seconds(self, arm: int) -> float:
         """:math:`\\hat d_a`: `arm`'s smoothed seconds of drafting per token (0.0 until measured)."""
         return self._draft_step.estimate(arm) or 0.0
 
     def verification_seconds(self) -> list[float | None]:
-        """:math:`\\hat v(k)` for ``k = 1 .. N + 1`` (up to `max_width`) as the choice reads it, or ``None`` where
-        nothing was measured.
+        """:math:`\\hat v(k)` for ``k = 1 .. N + 1`` as the choice reads it, or ``None`` where nothing was measured.
 
         A length measured at least `min_observations` times reads its smoothed estimate. Any other length reads an
         optimistic guess (a measured one the smaller of its estimate and that guess): the dearest shorter length

@@ -193,7 +193,6 @@ def generate(
     meta_prior_weight: float | None = None,
     meta_learned_priors: bool | None = None,
     meta_draft_length: str | None = None,
-    meta_tree: bool | None = None,
     metasd_streamer: Any = None,
     stop_strings: str | list[str] | None = None,
     **model_kwargs: Any,
@@ -233,7 +232,6 @@ def generate(
         "meta_prior_weight": meta_prior_weight,
         "meta_learned_priors": meta_learned_priors,
         "meta_draft_length": meta_draft_length,
-        "meta_tree": meta_tree,
     }
     if synced_gpus:
         raise MetaSDConfigError(

@@ -181,14 +181,6 @@ class MetaSDSettings:
         "'measured' or 'fixed'",
         _draft_length,
     )
-    meta_tree: bool = _setting(
-        False,
-        "verify several drafters at once: each round the policy's arm and the arms that pay at this machine's "
-        "measured pass cost by width draft into one token tree, verified in one target pass (`hf_metasd.tree`); "
-        "where a tree cannot run the call verifies chains and `tree_reason` says why",
-        "True or False",
-        _typed((bool,), valid="True or False", hint="Pass a bool."),
-    )
 
     def __post_init__(self) -> None:
         for f in fields(self):

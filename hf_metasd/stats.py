@@ -67,13 +67,6 @@ class MetaSDStats:
     from earlier calls (arm name -> mean; `hf_metasd.priors`). `draft_length` is how each round's length was chosen
     (``"measured"`` or ``"fixed"``; `hf_metasd.draft_length`) and `verification_costs` the smoothed seconds of a
     target verification pass by its number of tokens, as measured so far in this process.
-
-    Token trees (``meta_tree=True``, `hf_metasd.tree`): ``tree_arms[r]`` the arms whose drafts round ``r`` verified
-    (the policy's first; one arm for a chain round, none for a plain step), ``tree_lengths[r]`` what each drafted,
-    ``tree_widths[r]`` the tokens of the round's pass, ``path_arms[r]`` the arm whose draft the kept path followed
-    (``None``: no drafted token kept), ``tree_rewards[r]`` the rewards the other arms in the tree were told as side
-    observations. ``tree_reason`` says once why the call verified chains only (``None``: trees could run, or
-    ``meta_tree`` was off). In a tree round ``drafted[r]`` counts the tree's drafted nodes.
     """
 
     drafter_names: list[str]
@@ -107,12 +100,6 @@ class MetaSDStats:
     draft_length: str = "fixed"
     verification_costs: dict[int, float] = field(default_factory=dict)
     replay_rewards: list[list[tuple[int, float]]] = field(default_factory=list)
-    tree_arms: list[list[int]] = field(default_factory=list)
-    tree_lengths: list[list[int]] = field(default_factory=list)
-    tree_widths: list[int] = field(default_factory=list)
-    path_arms: list[int | None] = field(default_factory=list)
-    tree_rewards: list[dict[int, float]] = field(default_factory=list)
-    tree_reason: str | None = None
     clock: Callable[[], float] = field(default=_now, repr=False, compare=False)
 
     @contextmanager
@@ -248,26 +235,10 @@ class MetaSDStats:
                 for k, by in sorted(self.kernel_pass_costs.items())
             )
             lines.append(f"  ms per verification pass by tokens and kernel: {costs}")
-        lines += self._tree_lines()
         if self.verification_costs:
             costs = ", ".join(f"{k}: {1000 * v:.1f}" for k, v in sorted(self.verification_costs.items()))
             lines.append(f"  draft length {self.draft_length}; ms per verification pass by tokens: {costs}")
         return "\n".join(lines)
-
-    def _tree_lines(self) -> list[str]:
-        """The token trees' lines of `summary`: how many rounds verified several arms, their width, which arms were
-        in them and whose draft the kept path followed; or why the call verified chains only."""
-        trees = [r for r, arms in enumerate(self.tree_arms) if len(arms) > 1]
-        if not trees:
-            return [f"  trees: none ({self.tree_reason})"] if self.tree_reason is not None else []
-        names = self.drafter_names
-        inside = {i: sum(i in self.tree_arms[r] for r in trees) for i in range(len(names))}
-        followed = {i: sum(self.path_arms[r] == i for r in trees) for i in range(len(names))}
-        width = sum(self.tree_widths[r] for r in trees) / len(trees)
-        return [
-            f"  trees: {len(trees)} of {self.rounds} rounds verified several arms (mean width {width:.1f}); "
-            + "; ".join(f"{names[i]} in {inside[i]}, kept path {followed[i]}" for i in inside if inside[i])
-        ]
 
 
 def _match_lengths(match_class: int) -> str:

@@ -38,7 +38,6 @@ DEFAULT_POLICIES: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     ("random", "random", "speed", {}),
     ("metasd (stock kernels)", None, None, {"meta_skinny_gemm": False}),
     ("metasd (fixed draft length)", None, None, {"meta_draft_length": "fixed"}),
-    ("metasd (tree)", None, None, {"meta_tree": True}),
 )
 
 
