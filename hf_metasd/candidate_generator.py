@@ -34,7 +34,7 @@ what a round teaches in `hf_metasd.feedback`, costs in `hf_metasd.costs`, draft 
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +48,7 @@ from .errors import MetaSDConfigError, MetaSDTypeError, PolicyArmError
 from .feedback import Replay, RoundRewards, replay_applies
 from .kernels import VerificationKernels
 from .policies import Policy
+from .priors import set_priors
 from .reward_memory import RewardMemory
 from .rewards import RoundFeedback, is_cost_aware, reward_name
 from .settings import MetaSDSettings
@@ -98,8 +99,15 @@ class MetaCandidateGenerator(CandidateGenerator):
             logits used by speculative sampling and the rewards are the processed ones.
         generation_config: the call's `GenerationConfig` (for `do_sample` and `max_length`).
         target: the target model (its process-level cost cache; see `CostModel`).
-        kernels: the call's `VerificationKernels`, asked before and told after each verification pass (``None``:
-            the kernel is not chosen per pass). `hf_metasd.generate` sets it once the kernel is chosen.
+        pool_defaults: the pool's defaults (`DrafterPool.generate_kwargs`): a pool's priors apply only under its
+            reward (`hf_metasd.priors.set_priors`, which gives the policy its priors once it is bound to the arms).
+        priors_from_call: whether ``settings.meta_priors`` were passed to the call (else they are a pool's or a
+            config's).
+        choose_kernels: chooses the call's `VerificationKernels` (e.g. `VerificationKernels.for_call`), asked before
+            and told after each verification pass; called once, after every check of the constructor, and timed as
+            the call's ``kernel_choice`` (``None``: the kernel is not chosen per pass).
+        lengths: builds the call's draft-length estimates (`lengths` and `round_length`'s), called as `DraftLength`
+            is (a batch row's: `hf_metasd.batched.lengths.RowLengths` on the batch's passes).
         cost_smoothing: the cost model's smoothing.
         clock: the stopwatch of the call (injectable for tests).
 
@@ -128,7 +136,10 @@ class MetaCandidateGenerator(CandidateGenerator):
         logits_processor: Any = None,
         generation_config: Any = None,
         target: Any = None,
-        kernels: VerificationKernels | None = None,
+        pool_defaults: Mapping[str, Any] | None = None,
+        priors_from_call: bool = False,
+        choose_kernels: Callable[[], VerificationKernels] | None = None,
+        lengths: Callable[..., DraftLength] = DraftLength,
         cost_smoothing: float = 0.3,
         clock: Callable[[], float] | None = None,
     ) -> None:
@@ -166,7 +177,6 @@ class MetaCandidateGenerator(CandidateGenerator):
         self.num_assistant_tokens = settings.num_assistant_tokens
         self.logits_processor = logits_processor
         self.do_sample = bool(getattr(generation_config, "do_sample", False))
-        self.kernels = kernels
         # a full-information policy (`hedge`) learns every drafter's reward each round: those drafters are scored
         self.full_information = policy.full_information
         self.stats = MetaSDStats(
@@ -181,7 +191,7 @@ class MetaCandidateGenerator(CandidateGenerator):
         self.costs = CostModel(keys, smoothing=cost_smoothing, target=target)
         # verification costs by length are measured in every mode (telemetry); only "measured" chooses by them
         self.draft_length = settings.meta_draft_length
-        self.lengths = DraftLength(
+        self.lengths = lengths(
             self.num_arms,
             self.num_assistant_tokens,
             keys=keys,
@@ -222,6 +232,20 @@ class MetaCandidateGenerator(CandidateGenerator):
         self._pending: _Round | None = None
         self._last_arm: int | None = None
         self._seen: set[int] = set()
+        self.stats.learned_priors.update(
+            set_priors(
+                policy,
+                self.stats.drafter_names,
+                settings,
+                pool_defaults=pool_defaults or {},
+                from_call=priors_from_call,
+                memory=self.memory,
+            )
+        )
+        self.kernels: VerificationKernels | None = None
+        if choose_kernels is not None:  # last: every check above refuses before this measurement runs
+            with self.stats.timed("kernel_choice"):
+                self.kernels = choose_kernels()
 
     # ------------------------------------------------------------------ get_candidates
     def get_candidates(

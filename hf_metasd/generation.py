@@ -38,11 +38,11 @@ from .batched import MetaSDBatchStats, generate_batch
 from .call_checks import check_call_kwargs, check_drafter_device, check_stop_strings, check_target
 from .candidate_generator import MetaCandidateGenerator
 from .decoding import assisted_decoding, uncached_prompt_length
+from .draft_length import DraftLength
 from .drafters import as_drafters
 from .errors import MetaSDConfigError
 from .kernels import VerificationKernels
 from .policies import Policy, get_policy
-from .priors import set_priors
 from .rewards import RoundFeedback
 from .settings import (
     DEFAULTS,
@@ -100,11 +100,14 @@ def build_candidate_generator(
     priors_from_call: bool = False,
     cost_key: Any = None,
     clock: Callable[[], float] | None = None,
+    choose_kernels: Callable[[], VerificationKernels] | None = None,
+    lengths: Callable[..., DraftLength] = DraftLength,
 ) -> MetaCandidateGenerator:
     """Check the target and the drafters before any forward pass, and build the call's candidate generator: per-call
     copies of the drafters (`Drafter.spawn`), the policy `settings` name, its priors (`hf_metasd.priors`; a pool's
     priors apply only under the pool's reward, `pool_defaults`). `cost_key` stands for the target in the per-target
-    caches (default: the target; a batch's rows use `hf_metasd.batched.batch_key`), `clock` is the generator's."""
+    caches (default: the target; a batch's rows use `hf_metasd.batched.batch_key`); `clock`, `choose_kernels` and
+    `lengths` are the generator's (`MetaCandidateGenerator`)."""
     if drafters is None:
         raise MetaSDConfigError(
             "`assistant_models` must be given to `hf_metasd.generate`, but is None. "
@@ -115,26 +118,19 @@ def build_candidate_generator(
     for drafter in drafters:
         check_drafter_device(drafter)
         drafter.check_compatible(model)
-    policy = get_policy(settings.meta_policy, settings.meta_policy_kwargs or {})
-    generator = MetaCandidateGenerator(
+    return MetaCandidateGenerator(
         [d.spawn(model) for d in drafters],
-        policy,
+        get_policy(settings.meta_policy, settings.meta_policy_kwargs or {}),
         settings,
         logits_processor=logits_processor,
         generation_config=generation_config,
         target=model if cost_key is None else cost_key,
+        pool_defaults=pool_defaults,
+        priors_from_call=priors_from_call,
+        choose_kernels=choose_kernels,
         clock=clock,
+        lengths=lengths,
     )
-    learned = set_priors(
-        policy,
-        generator.stats.drafter_names,
-        settings,
-        pool_defaults=pool_defaults or {},
-        from_call=priors_from_call,
-        memory=generator.memory,
-    )
-    generator.stats.learned_priors.update(learned)
-    return generator
 
 
 #: True while `generate_with_pool` runs transformers' `generate`: it took `streamer` and `assistant_model` as
@@ -264,6 +260,7 @@ def generate(
             metasd_streamer=metasd_streamer,
             model_kwargs=model_kwargs,
         )
+    uncached_prompt_length(input_ids, model_kwargs, generation_config)  # a cache passed in: checked before compute
     candidate_generator = build_candidate_generator(
         model,
         generation_config,
@@ -273,17 +270,18 @@ def generate(
         settings,
         pool_defaults=pool_defaults,
         priors_from_call=given["meta_priors"] is not None,
+        # after the checks above and the generator's own: the kernel choice measures the target's layers
+        choose_kernels=functools.partial(
+            VerificationKernels.for_call, model, settings.meta_skinny_gemm, settings.num_assistant_tokens
+        ),
     )
-    uncached_prompt_length(input_ids, model_kwargs, generation_config)  # a cache passed in: checked before compute
     if streamer is None and metasd_streamer is not None:
         streamer = metasd_streamer  # transformers never saw this one: it gets the prompt here
         streamer.put(input_ids.cpu())
     stats = candidate_generator.stats
     shared = as_drafters(drafters, model)
-    start = stats.clock()
-    with stats.timed("kernel_choice"):
-        kernels = VerificationKernels.for_call(model, settings.meta_skinny_gemm, settings.num_assistant_tokens)
-    candidate_generator.kernels = kernels  # asked before, told after each verification pass
+    kernels = candidate_generator.kernels
+    start = stats.clock() - stats.kernel_choice_seconds  # the call's wall time counts its kernel choice
     # on a tensor-parallel target every rank makes rank 0's decisions (`hf_metasd._distributed`)
     with _in_use(shared), kernels.applied(), agreeing(model, candidate_generator.policy):
         output = assisted_decoding(

@@ -15,7 +15,6 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 import hf_metasd.batched.loop
 from hf_metasd.batched.lengths import DraftingGuard, PassCosts, RowLengths
-from hf_metasd.draft_length import DraftLength
 from hf_metasd.drafters import CorpusDrafter, Drafter, EarlyExitDrafter, FeatureHeadDrafter, LoraDrafter
 
 MAX_NEW = 16
@@ -164,14 +163,13 @@ def test_a_row_whose_mask_keeps_no_token_drafts_with_drafters_that_have_a_model(
 def test_a_row_s_draft_length_follows_the_pass_cost_at_the_batch_size():
     """Passes that cost 8 + T for T tokens in all (a fixed part, then every token): a row's share of a pass of R rows
     verifying k tokens each is 8 / R + k. The same acceptance drafts the cap alone and one token among eight rows."""
-    base = DraftLength(1, 4)
-    for accepted in [4] * 5 + [1] * 5:
-        base.observe_acceptance(0, 4, accepted)
     passes = PassCosts(batch_size=8, max_tokens=4)
     for width in range(1, 41):
         passes.observe(1, width, 8.0 + width)
         passes.observe(1, width, 8.0 + width)
-    row = RowLengths.adopt(base, passes)
+    row = RowLengths(1, 4, passes=passes)
+    for accepted in [4] * 5 + [1] * 5:
+        row.observe_acceptance(0, 4, accepted)
     chosen = {}
     for rows in (1, 2, 4, 8):
         passes.rows = rows

@@ -12,6 +12,7 @@ without its padding. What rows learn across calls (costs, verification costs, re
 from __future__ import annotations
 
 import copy
+import functools
 import weakref
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from ..draft_length import DraftLength
 from ..drafters import as_drafters
 from ..errors import MetaSDConfigError
 from ..policies import Policy
@@ -109,14 +111,28 @@ def generate_batch(
         pad_token_id=generation_config._pad_token_tensor,
     )
     scores = BatchScores(logits_processor, steps.padded)
+    check_batch(settings)
+    reason = plain_reason(model, generation_config, model_kwargs)
+    # rows that draft read their verification costs from the batch's passes (`hf_metasd.batched.lengths`)
+    passes = None if reason is not None else PassCosts(batch, settings.num_assistant_tokens, target=key)
+    lengths = DraftLength if passes is None else functools.partial(RowLengths, passes=passes)
 
     def build_row(b: int) -> Any:
         config = copy.copy(generation_config)  # the row's own length limit, on the row without its padding
         config.max_length = generation_config.max_length - length + rows[b].shape[1]
         processors = RowProcessors(scores, b, input_ids[b], rows[b].shape[1])
-        return build(model, config, processors, rows[b], drafters, settings, cost_key=key, clock=clocks.clock(b))
+        return build(
+            model,
+            config,
+            processors,
+            rows[b],
+            drafters,
+            settings,
+            cost_key=key,
+            clock=clocks.clock(b),
+            lengths=lengths,
+        )
 
-    check_batch(settings)
     generators = [build_row(b) for b in range(batch)]  # row 0's first: the target's and the drafters' checks
     if streamer is None and metasd_streamer is not None:
         streamer = metasd_streamer  # transformers never saw this one: it gets the prompt here (and refuses a batch
@@ -124,7 +140,6 @@ def generate_batch(
     telemetry = MetaSDBatchStats([g.stats for g in generators])
     shared = as_drafters(drafters, model)
     start = clocks.now()
-    reason = plain_reason(model, generation_config, model_kwargs)
     if reason is not None:  # every round plain: transformers' own loop (`hf_metasd.batched.plain`)
         telemetry.plain_reason = f"every round: {reason}"
         output, ends = run_plain(
@@ -150,7 +165,7 @@ def generate_batch(
                 scores,
                 streamer,
                 shared,
-                key,
+                passes,
                 telemetry,
                 generation_config,
                 model_kwargs,
@@ -182,17 +197,14 @@ def _drafting(
     scores: BatchScores,
     streamer: Any,
     shared: list[Any],
-    key: Any,
+    passes: PassCosts,
     telemetry: MetaSDBatchStats,
     generation_config: Any,
     model_kwargs: dict[str, Any],
 ) -> torch.LongTensor:
     """The rounds in which rows draft (`hf_metasd.batched.loop`), each row's draft length reading the batch's pass
-    costs (`hf_metasd.batched.lengths`). Returns the sequences."""
+    costs `passes` (its generator was built on them: `RowLengths`). Returns the sequences."""
     steps.streamer = streamer
-    passes = PassCosts(input_ids.shape[0], generators[0].num_assistant_tokens, target=key)
-    for generator in generators:
-        generator.lengths = generator.round_length.lengths = RowLengths.adopt(generator.lengths, passes)
     with ExitStack() as stack:
         for drafter in shared:
             stack.enter_context(drafter.in_use())

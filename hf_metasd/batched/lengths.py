@@ -116,17 +116,15 @@ class RowLengths(DraftLength):
     costs the shares of the batch's passes (`PassCosts.row_seconds` at the coming pass's rows). The loop measures the
     passes; what the row's own clock saw of them is not folded in (`observe_verification` does nothing).
 
-    Build it with `adopt`, from the `DraftLength` the row's candidate generator made."""
+    Args:
+        num_arms, max_tokens, **kwargs: as for `DraftLength`.
+        passes: the batch's pass costs (a row's candidate generator takes
+            ``lengths=functools.partial(RowLengths, passes=passes)``).
+    """
 
-    passes: PassCosts
-
-    @classmethod
-    def adopt(cls, lengths: DraftLength, passes: PassCosts) -> RowLengths:
-        """`lengths` (its settings, counts and caches, shared) reading its verification costs from `passes`."""
-        row = cls.__new__(cls)
-        row.__dict__.update(lengths.__dict__)
-        row.passes = passes
-        return row
+    def __init__(self, num_arms: int, max_tokens: int, *, passes: PassCosts, **kwargs: Any) -> None:
+        super().__init__(num_arms, max_tokens, **kwargs)
+        self.passes = passes
 
     def observe_verification(self, num_tokens: int, seconds: float) -> None:
         """Nothing: the batch measures its passes (`PassCosts.observe`)."""
