@@ -46,7 +46,7 @@ from ._compat import activate_past_recording
 from .errors import MetaSDConfigError
 from .feature_head import FeatureRecorder
 
-__all__ = ["assisted_decoding", "uncached_prompt_length"]
+__all__ = ["assisted_decoding", "observe_kept_features", "recorded_pass", "uncached_prompt_length"]
 
 _CACHE_NAMES = ("cache", "past_key_values")
 
@@ -146,26 +146,45 @@ def _attention_windows(cache: Any, attentions: tuple) -> tuple[int | None, ...]:
     return tuple(layer.sliding_window if getattr(layer, "is_sliding", False) else None for layer in layers)
 
 
-def _observe_features(
-    candidate_generator: Any,
-    recorded: dict[tuple[int, ...], torch.Tensor],
-    input_ids: torch.LongTensor,
-    cur_len: int,
-    prompt_fed: int,
-    kept: int,
-    first: bool,
+def observe_kept_features(
+    generator: Any,
+    features: dict[tuple[int, ...], torch.Tensor],
+    row: int,
+    columns: torch.Tensor,
+    ids: torch.LongTensor,
+    start: int,
 ) -> None:
-    """Hand the candidate generator the features of the positions this pass fed whose tokens were kept.
+    """Hand `generator` the target's features of its kept positions ``start, start + 1, ...`` in its sequence `ids`
+    ``(1, n)``: the `columns` of row `row` of a pass's `features` (``(R, W, k H)`` per layer ids), one per position,
+    with the ids that follow those positions (``observe_target_features``). Positions past the end of `ids` (tokens
+    plain's stopping criteria dropped from a finished row of a batch) are left out. The batched loop hands each row's
+    features with it too."""
+    columns = columns[: max(0, ids.shape[1] - 1 - start)]
+    if columns.shape[0] == 0:
+        return
+    observed = {layer_ids: f[row : row + 1, columns.to(f.device)] for layer_ids, f in features.items()}
+    generator.observe_target_features(observed, ids[:, start + 1 : start + 1 + columns.shape[0]], start)
 
-    The round fed the last ``prompt_fed`` prompt positions (the first round) or the last kept token (later rounds),
-    then the candidates (`recorded`: the features of those rows, per recorder); those rows and the first ``kept - 1``
-    candidate rows (accepted tokens) are kept positions. The bonus token is not fed yet: its feature comes with the
-    next pass.
-    """
-    start = cur_len - prompt_fed if first else cur_len - 1
-    rows = cur_len + kept - 1 - start
-    features = {layer_ids: feature[:, :rows] for layer_ids, feature in recorded.items()}
-    candidate_generator.observe_target_features(features, input_ids[:, start + 1 : start + 1 + rows], start)
+
+def recorded_pass(
+    model: Any, model_inputs: dict[str, Any], *, first: bool, recorders: dict[tuple[int, ...], FeatureRecorder]
+) -> tuple[Any, dict[tuple[int, ...], torch.Tensor]]:
+    """The target's forward pass over `model_inputs` (from ``prepare_inputs_for_generation``) as plain `generate`
+    runs it (its decode-optimised path after the first pass), each of `recorders` hooked for this pass only; returns
+    its outputs and what each recorder recorded, by its layer ids. The batched loop runs its passes with it too."""
+    with ExitStack() as hooks:
+        for recorder in recorders.values():
+            hooks.enter_context(recorder)
+        if first:
+            outputs = model(**model_inputs)
+        else:
+            with model._optimize_model_for_decode():
+                outputs = model(**model_inputs)
+    recorded = {}
+    for layer_ids, recorder in recorders.items():
+        recorded[layer_ids] = recorder.features()
+        recorder.clear()
+    return outputs, recorded
 
 
 def _pass(
@@ -180,26 +199,14 @@ def _pass(
     recorders: dict[tuple[int, ...], FeatureRecorder],
 ) -> tuple[Any, dict[tuple[int, ...], torch.Tensor]]:
     """One forward pass of the target over the last `fed` positions of `ids` (None: all of them), keeping the logits
-    of the last `logits` positions; returns its outputs and what each recorder recorded."""
+    of the last `logits` positions; returns its outputs and what each recorder recorded (`recorded_pass`)."""
     model_inputs = model.prepare_inputs_for_generation(
         ids, next_sequence_length=fed, is_first_iteration=first, **kwargs
     )
     if "logits_to_keep" in model_inputs:
         model_inputs["logits_to_keep"] = logits
     model_inputs.update({name: True for name, value in asked.items() if value})
-    with ExitStack() as hooks:
-        for recorder in recorders.values():
-            hooks.enter_context(recorder)
-        if first:
-            outputs = model(**model_inputs)
-        else:
-            with model._optimize_model_for_decode():
-                outputs = model(**model_inputs)
-    recorded = {}
-    for layer_ids, recorder in recorders.items():
-        recorded[layer_ids] = recorder.features()
-        recorder.clear()
-    return outputs, recorded
+    return recorded_pass(model, model_inputs, first=first, recorders=recorders)
 
 
 def _prompt_then_candidates(
@@ -386,10 +393,11 @@ def assisted_decoding(
                 streamer.put(input_ids[:, cur_len:].cpu())
             # the cache holds every position fed; keep all but the last kept token (fed next round)
             outputs.cache.crop(-(candidate_length + 1 - kept))
-            if recorders and kept:
-                _observe_features(
-                    candidate_generator, recorded, input_ids, cur_len, prompt_fed, kept, is_first_iteration
-                )
+            if recorders and kept:  # the positions fed (the prompt's uncached ones, or the last kept token), then the
+                # accepted candidates: the bonus token is not fed yet, its feature comes with the next pass
+                start = cur_len - prompt_fed if is_first_iteration else cur_len - 1
+                columns = torch.arange(cur_len + kept - 1 - start)
+                observe_kept_features(candidate_generator, recorded, 0, columns, input_ids, start)
         candidate_generator.update_candidate_strategy(input_ids, new_logits, n_matches, num_kept=kept)
 
         model_kwargs = model._update_model_kwargs_for_generation(

@@ -7,7 +7,7 @@ Each row's candidate generator sees the row as a single request: its tokens with
 (`RowClocks`) runs while the row's own work runs (drafting, learning, its acceptance) and, at the rate of its share
 (`hf_metasd.batched.lengths.PassCosts.weight`), during the shared pass, so the costs and rewards it measures are
 those its own choices cost the batch. When the pool holds drafters that read the target's features, the pass
-records them and each row's generator gets those of its kept positions (`_observe_features`).
+records them and each row's generator gets those of its kept positions (`hf_metasd.decoding.observe_kept_features`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .. import stats as stats_module
-from ..decoding import accept_draft
+from ..decoding import accept_draft, observe_kept_features, recorded_pass
 from ..feature_head import FeatureRecorder
 from .lengths import DraftingGuard, PassCosts
 from .processors import BatchScores
@@ -200,17 +200,7 @@ def batched_decoding(
             model_inputs = model.prepare_inputs_for_generation(
                 inputs.ids, cache=cache, attention_mask=inputs.mask, use_cache=True, is_first_iteration=first, **extra
             )
-            with ExitStack() as hooks:
-                for recorder in recorders.values():
-                    hooks.enter_context(recorder)
-                if first:
-                    outputs = model(**model_inputs)
-                else:
-                    with model._optimize_model_for_decode():
-                        outputs = model(**model_inputs)
-            features = {ids: recorder.features() for ids, recorder in recorders.items()}
-            for recorder in recorders.values():
-                recorder.clear()
+            outputs, features = recorded_pass(model, model_inputs, first=first, recorders=recorders)
             logits = outputs.logits[:, -inputs.keep :].to(dtype=torch.float32, device=input_ids.device)
             processed = _processed(scores, steps, rows, [d for d, _ in drafts], logits)
         seconds = clocks.now() - started
@@ -229,10 +219,11 @@ def batched_decoding(
                     kept = steps.add(b, tokens[0]) if steps.needs_tokens(b) else 0
                 if kept:  # a row that finished meanwhile is done learning
                     view = torch.cat([prompts[b], steps.new_tokens(b)])[None]
-                    if features:
-                        lead_columns = mask[b].nonzero()[:, 0].cpu() if first else torch.zeros(1, dtype=torch.long)
-                        start = 0 if first else held[r] - 1
-                        _observe_features(generators[b], features, r, lead_columns, inputs.lead, kept, view, start)
+                    if features:  # the row's own lead columns (its prompt without padding on the first pass, else
+                        # its last token), then its accepted candidates: the newest kept token's comes with the next pass
+                        own = mask[b].nonzero()[:, 0].cpu() if first else torch.zeros(1, dtype=torch.long)
+                        columns = torch.cat([own, inputs.lead + torch.arange(kept - 1)])
+                        observe_kept_features(generators[b], features, r, columns, view, 0 if first else held[r] - 1)
                     if drafting:
                         generators[b].update_candidate_strategy(view, row_scores[None], matches, num_kept=kept)
             kept_slots.append(max(kept - 1, 0))
@@ -252,30 +243,6 @@ def batched_decoding(
         telemetry.drafting_stopped_after = guard.stopped_after
         telemetry.plain_tokens = plain_tokens
     return steps.sequences()
-
-
-def _observe_features(
-    generator: Any,
-    features: dict[tuple[int, ...], torch.Tensor],
-    r: int,
-    lead_columns: torch.Tensor,
-    lead: int,
-    kept: int,
-    view: torch.LongTensor,
-    start: int,
-) -> None:
-    """Hand row `r`'s candidate generator the features of the positions of its own that this pass fed and it kept,
-    as the single-request loop does (`hf_metasd.decoding`): its `lead_columns` of the pass's `lead` ones (its prompt
-    without padding on the first pass, else its last token), then its first ``kept - 1`` candidates (accepted); the
-    newest kept token's feature comes with the next pass. `start` is the position of the first in the row's `view`
-    ``(1, n)`` (the row without padding, its kept tokens included), which gives the ids that follow each position.
-    Positions past the end of `view` (tokens plain's stopping criteria dropped from a finished row) are left out."""
-    columns = torch.cat([lead_columns, lead + torch.arange(kept - 1)])
-    columns = columns[: max(0, view.shape[1] - 1 - start)]
-    if columns.shape[0] == 0:
-        return
-    observed = {ids: f[r : r + 1, columns.to(f.device)] for ids, f in features.items()}
-    generator.observe_target_features(observed, view[:, start + 1 : start + 1 + columns.shape[0]], start)
 
 
 def _fed_types(types: torch.Tensor, rows: list[int], inputs: Any, first: bool) -> torch.Tensor:
