@@ -150,7 +150,17 @@ def _bare_call_arguments() -> dict[str, Any]:
     `generate`, never in those. So they are read here, from that `generate` call's frame: the only place hf_metasd
     reads a frame (without it, a bare call would drop a streamer after transformers put the prompt into it, and
     `end()` would never come).
+
+    Checked in transformers 5.24.0 and 5.25.0, ``transformers/generation/utils.py``: in
+    `GenerationMixin._extract_generation_mode_kwargs` (5.24 line 2548, 5.25 line 2551) a callable `custom_generate`
+    replaces the dict that held ``assistant_model`` and ``streamer`` with
+    ``{k: kwargs.pop(k) for k in new_custom_keys if k in kwargs}`` (5.24 line 2578, 5.25 line 2581), and
+    `GenerationMixin.generate` calls the decoding method with that dict and the model kwargs only (step "9. Call
+    generation mode", 5.24 line 3008, 5.25 line 3011), after ``streamer.put(input_ids.cpu())`` (5.24 line 2939, 5.25
+    line 2942). Only a *string* `custom_generate` (a repository folder) gets every argument of `generate` (its
+    ``locals()``, step "0.a"): that way in is `generate_with_pool`. No other hook hands them over.
     """
+    # not a choice: transformers hands a callable decoding method neither argument (see the docstring for where)
     frame = sys._getframe(1)
     for _ in range(8):
         frame = frame.f_back
