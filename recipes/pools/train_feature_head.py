@@ -3,7 +3,10 @@
 Input: the task-output stores of `recipes/pools/generate_task_outputs.py` (``<stores>/<task>.pt``, each holding
 ``{"prompts": [[ids]], "outputs": [[ids]], ...}``: the target's greedy answers to training prompts; the dev prompts
 were never answered there, and benchmark prompts are never read). Per task, the first ``--val-sequences`` stored
-sequences are **held-out training sequences** (the only data choices are made on); the rest are trained on.
+sequences are **held-out training sequences** (the only data choices are made on); the rest are trained on. A store
+may also hold ``"answer_spans"``: per sequence, the ``[start, end)`` token ranges of prompt + output whose tokens are
+answers (`recipes/pools/sharegpt_data.py` marks every assistant turn of a conversation so): the positions that predict
+those tokens are the scored ones; without it, every position from the last prompt token on is.
 
 1. **Features, once.** Each prompt + answer sequence goes through one target forward pass inside a `FeatureRecorder`
    (pre-hooks on ``--layer-ids``; no ``output_hidden_states``); the features ``f`` and the target's greedy next
@@ -18,8 +21,8 @@ sequences are **held-out training sequences** (the only data choices are made on
    the step-0 entries ``0 .. c`` and to its own row's entries of steps ``1 .. s``: exactly the cache `FeatureHead.draft`
    holds when it drafts ``s`` tokens after committing entries ``0 .. c`` (`unrolled_logits`; a test checks it against
    the head's cached passes). Step ``s`` of entry ``c`` is scored against the target's greedy token at position
-   ``c + 1 + s`` on answer positions only: cross-entropy over the draft vocabulary (labels outside it are skipped),
-   weighted by ``0.8 ** s``. AdamW, gradient clipping.
+   ``c + 1 + s`` on answer positions only (the scored positions above): cross-entropy over the draft vocabulary
+   (labels outside it are skipped), weighted by ``0.8 ** s``. AdamW, gradient clipping.
 4. **Reports** per epoch: train loss, the held-out top-1 agreement of step 0 and step 1 with the target's greedy token
    (the acceptance proxy: step 1 is teacher-forced with the target's own tokens, so it is the agreement *given* an
    accepted step 0; labels outside the draft vocabulary count as misses), tokens/s and wall time; the untrained head
@@ -88,8 +91,8 @@ STEP_WEIGHT = 0.8
 # data: the stores, and the features cached from one target pass per sequence
 # ======================================================================================================================
 def read_stores(stores: Path, tasks, max_sequences: int | None, val_sequences: int) -> dict[str, list]:
-    """``{"train": [...], "val": [...]}`` of ``(task, prompt ids, answer ids)``: per task, the first `val_sequences`
-    of its first `max_sequences` stored sequences are held out."""
+    """``{"train": [...], "val": [...]}`` of `StoredSequence` ``(task, prompt ids, answer ids)``: per task, the first
+    `val_sequences` of its first `max_sequences` stored sequences are held out."""
     paths = [stores / f"{task}.pt" for task in tasks if (stores / f"{task}.pt").is_file()]
     if not paths:
         raise SystemExit(
@@ -99,9 +102,12 @@ def read_stores(stores: Path, tasks, max_sequences: int | None, val_sequences: i
     split: dict[str, list] = {"train": [], "val": []}
     for path in paths:
         store = torch.load(path)
-        pairs = list(zip(store["prompts"], store["outputs"]))[:max_sequences]
-        for i, (prompt, answer) in enumerate(pairs):
-            split["val" if i < val_sequences else "train"].append((path.stem, list(prompt), list(answer)))
+        spans = store.get("answer_spans") or [None] * len(store["outputs"])
+        rows = list(zip(store["prompts"], store["outputs"], spans, strict=True))[:max_sequences]
+        for i, (prompt, answer, answer_spans) in enumerate(rows):
+            spans_ok = check_spans(answer_spans, len(prompt) + len(answer), path, i)
+            row = StoredSequence(path.stem, list(prompt), list(answer), spans_ok)
+            split["val" if i < val_sequences else "train"].append(row)
     if not split["train"]:
         raise SystemExit(
             f"`--val-sequences` must leave sequences to train on, but is {val_sequences} with stores of at most "
@@ -111,15 +117,52 @@ def read_stores(stores: Path, tasks, max_sequences: int | None, val_sequences: i
     return split
 
 
+class StoredSequence(tuple):
+    """``(task, prompt ids, answer ids)``, and the store's ``answer_spans`` of the sequence as `spans` (None: the
+    store has none)."""
+
+    def __new__(cls, task: str, prompt: list, answer: list, spans: list | None = None):
+        row = super().__new__(cls, (task, prompt, answer))
+        row.spans = spans
+        return row
+
+
+def check_spans(spans, length: int, path: Path, index: int) -> list[list[int]] | None:
+    """`spans` as ``[[start, end], ...]``: increasing, disjoint, inside ``1 .. length``."""
+    if spans is None:
+        return None
+    spans = [[int(a), int(b)] for a, b in spans]
+    bounds = [x for span in spans for x in span]
+    if not spans or bounds != sorted(bounds) or bounds[0] < 1 or bounds[-1] > length or any(a >= b for a, b in spans):
+        raise SystemExit(
+            f"`answer_spans` must be increasing, disjoint [start, end) ranges inside 1 .. {length} (prompt + output), "
+            f"but sequence {index} of {path} has {spans}. Rebuild the store."
+        )
+    return spans
+
+
+def scored_positions(length: int, prompt_length: int, spans: list | None) -> torch.Tensor:
+    """Which of a sequence's positions are scored, ``(length,)`` bool: position ``j`` predicts token ``j + 1``; with
+    `spans`, those predicting a token of a span; without, every position from the last prompt token on."""
+    scored = torch.zeros(length, dtype=torch.bool)
+    if spans is None:
+        scored[max(prompt_length - 1, 0) :] = True
+    for start, end in spans or []:
+        scored[start - 1 : end - 1] = True
+    return scored
+
+
 @torch.no_grad()
 def write_features(target, sequences: list, layer_ids, folder: Path, split: str, chunk: int, dtype, desc: str):
     """One target pass per sequence; chunks of `chunk` sequences as ``<split>-NNNNN.safetensors`` holding the
     concatenated ``features`` (sum N, k H), ``input_ids`` and ``labels`` (the target's greedy next token, sum N),
-    ``lengths`` and ``prompt_lengths``. Returns ``(tokens, seconds, agreement of the stored answers with the labels)``.
+    ``lengths``, ``prompt_lengths`` and ``scored`` (`scored_positions`, sum N). Returns ``(tokens, seconds,
+    agreement of the stored answers with the labels)``.
     """
     tokens, seconds, same, answered = 0, 0.0, 0, 0
-    rows: dict[str, list] = {"features": [], "input_ids": [], "labels": [], "lengths": [], "prompt_lengths": []}
-    for i, (_, prompt, answer) in enumerate(tqdm(sequences, desc=desc, leave=False)):
+    rows: dict[str, list] = {k: [] for k in ("features", "input_ids", "labels", "lengths", "prompt_lengths", "scored")}
+    for i, sequence in enumerate(tqdm(sequences, desc=desc, leave=False)):
+        (_, prompt, answer), spans = sequence, getattr(sequence, "spans", None)
         ids = torch.tensor([prompt + answer])
         start = time.perf_counter()
         with FeatureRecorder(target, layer_ids) as recorder:
@@ -127,16 +170,18 @@ def write_features(target, sequences: list, layer_ids, folder: Path, split: str,
         seconds += time.perf_counter() - start
         labels = logits[0].argmax(-1)
         tokens += ids.shape[1]
-        same += int((labels[len(prompt) - 1 : -1] == ids[0, len(prompt) :]).sum())
-        answered += len(answer)
+        scored = scored_positions(ids.shape[1], len(prompt), spans)
+        same += int((labels[:-1] == ids[0, 1:])[scored[:-1]].sum())
+        answered += int(scored[:-1].sum())
         rows["features"].append(recorder.features()[0].to(dtype))
         rows["input_ids"].append(ids[0])
         rows["labels"].append(labels)
         rows["lengths"].append(ids.shape[1])
         rows["prompt_lengths"].append(len(prompt))
+        rows["scored"].append(scored)
         if len(rows["lengths"]) == chunk or i == len(sequences) - 1:
             tensors = {
-                k: torch.cat(v) if k in ("features", "input_ids", "labels") else torch.tensor(v)
+                k: torch.cat(v) if k in ("features", "input_ids", "labels", "scored") else torch.tensor(v)
                 for k, v in rows.items()
             }
             save_file(
@@ -162,6 +207,10 @@ def cache_features(target, args, split: dict[str, list], layer_ids) -> dict:
         "chunk_sequences": args.chunk_sequences,
         "sequence_tasks": {name: task_runs(rows) for name, rows in split.items()},
     }
+    if any(
+        getattr(row, "spans", None) is not None for rows in split.values() for row in rows
+    ):  # (absent: the settings of older caches)
+        settings["answer_spans"] = True
     meta_path = folder / FEATURES_META
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text())
@@ -232,7 +281,8 @@ def chunk_tasks(folder: Path, split: str) -> dict[str, list[str]]:
 
 
 def read_chunk(path: Path) -> list[dict]:
-    """The sequences of one chunk file, each ``{"features", "input_ids", "labels", "prompt_length"}``."""
+    """The sequences of one chunk file, each ``{"features", "input_ids", "labels", "prompt_length", "scored"}``
+    (chunks cached before ``scored`` was stored: from the prompt length, as `scored_positions` without spans)."""
     data = load_file(str(path))
     ends = data["lengths"].cumsum(0).tolist()
     return [
@@ -241,6 +291,7 @@ def read_chunk(path: Path) -> list[dict]:
             "input_ids": data["input_ids"][end - n : end],
             "labels": data["labels"][end - n : end],
             "prompt_length": int(p),
+            "scored": data["scored"][end - n : end] if "scored" in data else scored_positions(n, int(p), None),
         }
         for end, n, p in zip(ends, data["lengths"].tolist(), data["prompt_lengths"].tolist())
     ]
@@ -248,7 +299,8 @@ def read_chunk(path: Path) -> list[dict]:
 
 def batches(folder: Path, split: str, batch_size: int, rng: random.Random | None, task: str | None = None):
     """Right-padded batches, chunk by chunk (shuffled chunks and sequences with `rng`; only `task`'s sequences when
-    given): ``features`` (B, N, k H), ``input_ids``, ``labels`` (B, N), ``lengths`` and ``prompt_lengths`` (B,)."""
+    given): ``features`` (B, N, k H), ``input_ids``, ``labels``, ``scored`` (B, N; False past a sequence's end),
+    ``lengths`` and ``prompt_lengths`` (B,)."""
     files = chunks(folder, split)
     tasks = None if task is None else chunk_tasks(folder, split)
     if rng is not None:
@@ -268,6 +320,7 @@ def batches(folder: Path, split: str, batch_size: int, rng: random.Random | None
                 "features": torch.zeros(len(group), width, group[0]["features"].shape[1]),
                 "input_ids": torch.zeros(len(group), width, dtype=torch.long),
                 "labels": torch.zeros(len(group), width, dtype=torch.long),
+                "scored": torch.zeros(len(group), width, dtype=torch.bool),
                 "lengths": torch.tensor([len(s["input_ids"]) for s in group]),
                 "prompt_lengths": torch.tensor([s["prompt_length"] for s in group]),
             }
@@ -276,6 +329,7 @@ def batches(folder: Path, split: str, batch_size: int, rng: random.Random | None
                 batch["features"][row, :n] = s["features"].float()
                 batch["input_ids"][row, :n] = s["input_ids"]
                 batch["labels"][row, :n] = s["labels"]
+                batch["scored"][row, :n] = s["scored"]
             yield batch
 
 
@@ -292,12 +346,12 @@ def count_batches(folder: Path, split: str, batch_size: int, task: str | None = 
 
 
 def draft_vocabulary(folder: Path, vocab_size: int, draft_vocab_size: int) -> list[int]:
-    """The `draft_vocab_size` target ids most often the greedy label of an answer position in the training chunks
+    """The `draft_vocab_size` target ids most often the greedy label of a scored position in the training chunks
     (ties by id), in increasing id order."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for path in chunks(folder, "train"):
         for s in read_chunk(path):
-            counts += torch.bincount(s["labels"][s["prompt_length"] - 1 :], minlength=vocab_size)
+            counts += torch.bincount(s["labels"][s["scored"]], minlength=vocab_size)
     order = sorted(range(vocab_size), key=lambda t: (-int(counts[t]), t))
     return sorted(order[:draft_vocab_size])
 
@@ -348,10 +402,9 @@ def unrolled_logits(head: FeatureHead, features: torch.Tensor, input_ids: torch.
 
 def step_targets(batch: dict, step: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The labels of step `step`'s `rows` entries (the target's greedy token at position ``c + 1 + step``) and the
-    mask of those scored: answer positions (``>= prompt length - 1``) inside the sequence."""
-    position = torch.arange(rows)[None, :] + 1 + step
-    mask = (position >= batch["prompt_lengths"][:, None] - 1) & (position < batch["lengths"][:, None])
-    return batch["labels"][:, 1 + step : 1 + step + rows], mask
+    mask of those scored: the batch's scored positions (without spans: ``>= prompt length - 1``, inside the
+    sequence)."""
+    return batch["labels"][:, 1 + step : 1 + step + rows], batch["scored"][:, 1 + step : 1 + step + rows]
 
 
 def batch_loss(head: FeatureHead, batch: dict, steps: int) -> tuple[torch.Tensor, list[tuple[int, int]]]:
