@@ -3,14 +3,18 @@
 Input: the task-output stores of `recipes/pools/generate_task_outputs.py` (``<stores>/<task>.pt``, each holding
 ``{"prompts": [[ids]], "outputs": [[ids]], ...}``: the target's greedy answers to training prompts; the dev prompts
 were never answered there, and benchmark prompts are never read). Per task, the first ``--val-sequences`` stored
-sequences are **held-out training sequences** (the only data choices are made on); the rest are trained on. A store
+sequences are **held-out training sequences** (the only data choices are made on); the rest are trained on. The
+stores of ``--train-only-tasks`` (text that is not the target's own, e.g. ``sharegpt``) hold none out. A store
 may also hold ``"answer_spans"``: per sequence, the ``[start, end)`` token ranges of prompt + output whose tokens are
 answers (`recipes/pools/sharegpt_data.py` marks every assistant turn of a conversation so): the positions that predict
 those tokens are the scored ones; without it, every position from the last prompt token on is.
 
 1. **Features, once.** Each prompt + answer sequence goes through one target forward pass inside a `FeatureRecorder`
    (pre-hooks on ``--layer-ids``; no ``output_hidden_states``); the features ``f`` and the target's greedy next
-   token at every position (the labels) are written to chunked safetensors under ``--work-dir``
+   token at every position (the labels) and its ``--target-top-k`` most likely next tokens with their
+   log-probabilities (what ``--loss kl`` learns from: the target's distribution, cut to its top k, since 49k-wide
+   logits per position would be 100 KB each, ~30x the features, and recomputing them would rerun the target every
+   epoch) are written to chunked safetensors under ``--work-dir``
    (``train-NNNNN.safetensors``, ``val-NNNNN.safetensors``, then ``features.json``), reused while the settings match,
    so epochs never rerun the target.
 2. **Draft vocabulary.** The ``--draft-vocab-size`` target tokens most often predicted on the training answers
@@ -21,12 +25,22 @@ those tokens are the scored ones; without it, every position from the last promp
    the step-0 entries ``0 .. c`` and to its own row's entries of steps ``1 .. s``: exactly the cache `FeatureHead.draft`
    holds when it drafts ``s`` tokens after committing entries ``0 .. c`` (`unrolled_logits`; a test checks it against
    the head's cached passes). Step ``s`` of entry ``c`` is scored against the target's greedy token at position
-   ``c + 1 + s`` on answer positions only (the scored positions above): cross-entropy over the draft vocabulary
-   (labels outside it are skipped), weighted by ``0.8 ** s``. AdamW, gradient clipping.
-4. **Reports** per epoch: train loss, the held-out top-1 agreement of step 0 and step 1 with the target's greedy token
-   (the acceptance proxy: step 1 is teacher-forced with the target's own tokens, so it is the agreement *given* an
-   accepted step 0; labels outside the draft vocabulary count as misses), tokens/s and wall time; the untrained head
-   first. The head is saved with `save_head` to ``--out`` (hf_metasd's layout), the run's record to
+   ``c + 1 + s`` on answer positions only (the scored positions above), weighted by ``0.8 ** s``: ``--loss ce``
+   cross-entropy over the draft vocabulary (labels outside it are skipped); ``--loss kl`` the KL divergence from the
+   target's cached top k restricted to the draft vocabulary and renormalised (`restricted_kl`). AdamW (``--betas``),
+   gradient clipping (``--clip``), ``--lr`` after ``--warmup`` linear steps, then constant or ``--schedule cosine``
+   (`lr_factor`). Batches: ``--shuffle chunk`` (the chunks in random order, shuffled within each; as the cache is
+   written task by task, most batches hold one task) or ``global`` (every training sequence in one random order).
+   ``--lm-head target`` / ``target-frozen`` starts the LM head from the target's LM head rows of the draft vocabulary
+   (fine-tuned / frozen), as speculators does; ``--feature-norm per-layer`` puts one RMSNorm per fused layer before
+   ``fc`` (the head's ``fc_norm``: the raw layers' scales differ ~8x and an attention-sink position is ~1000x
+   larger; the norm's weights are saved with the head, so drafting applies the same).
+4. **Reports** per epoch: train loss, the held-out cross-entropy (``val_loss``, whatever ``--loss``) and KL, and per
+   step the top-1 agreement with the target's greedy token, full (``agreement_step<s>``: teacher-forced with the
+   stored tokens at every scored entry) and conditional (``conditional_step<s>``: only entries whose steps ``< s``
+   were all right, as speculators reports it: the acceptance of draft token ``s + 1`` given the ones before;
+   `step_counts`), with standard errors over held-out sequences (labels outside the draft vocabulary count as
+   misses), tokens/s and wall time; the untrained head first. The head is saved with `save_head` to ``--out`` (hf_metasd's layout), the run's record to
    ``<out>/training_record.json``.
 5. **Per-task adapters** (``--lora-task TASK``, repeatable, with ``--base-head DIR``, a trained head): the head is
    loaded and frozen, and for each task a LoRA adapter (`hf_metasd.feature_head.add_adapter`: rank ``--lora-rank`` on
@@ -53,6 +67,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import subprocess
 import sys
@@ -90,9 +105,10 @@ STEP_WEIGHT = 0.8
 # ======================================================================================================================
 # data: the stores, and the features cached from one target pass per sequence
 # ======================================================================================================================
-def read_stores(stores: Path, tasks, max_sequences: int | None, val_sequences: int) -> dict[str, list]:
+def read_stores(stores: Path, tasks, max_sequences: int | None, val_sequences: int, train_only=()) -> dict[str, list]:
     """``{"train": [...], "val": [...]}`` of `StoredSequence` ``(task, prompt ids, answer ids)``: per task, the first
-    `val_sequences` of its first `max_sequences` stored sequences are held out."""
+    `val_sequences` of its first `max_sequences` stored sequences are held out (none of a task in `train_only`: text
+    that is not the target's own, such as ShareGPT's, is trained on and never measured on)."""
     paths = [stores / f"{task}.pt" for task in tasks if (stores / f"{task}.pt").is_file()]
     if not paths:
         raise SystemExit(
@@ -107,7 +123,7 @@ def read_stores(stores: Path, tasks, max_sequences: int | None, val_sequences: i
         for i, (prompt, answer, answer_spans) in enumerate(rows):
             spans_ok = check_spans(answer_spans, len(prompt) + len(answer), path, i)
             row = StoredSequence(path.stem, list(prompt), list(answer), spans_ok)
-            split["val" if i < val_sequences else "train"].append(row)
+            split["val" if i < val_sequences and path.stem not in train_only else "train"].append(row)
     if not split["train"]:
         raise SystemExit(
             f"`--val-sequences` must leave sequences to train on, but is {val_sequences} with stores of at most "
@@ -153,14 +169,19 @@ def scored_positions(length: int, prompt_length: int, spans: list | None) -> tor
 
 
 @torch.no_grad()
-def write_features(target, sequences: list, layer_ids, folder: Path, split: str, chunk: int, dtype, desc: str):
+def write_features(
+    target, sequences: list, layer_ids, folder: Path, split: str, chunk: int, dtype, desc: str, top_k: int = 0
+):
     """One target pass per sequence; chunks of `chunk` sequences as ``<split>-NNNNN.safetensors`` holding the
     concatenated ``features`` (sum N, k H), ``input_ids`` and ``labels`` (the target's greedy next token, sum N),
-    ``lengths``, ``prompt_lengths`` and ``scored`` (`scored_positions`, sum N). Returns ``(tokens, seconds,
-    agreement of the stored answers with the labels)``.
+    ``lengths``, ``prompt_lengths`` and ``scored`` (`scored_positions`, sum N); with `top_k`, also the target's `top_k`
+    most likely next tokens ``topk_ids`` (sum N, top_k; int32) and their log-probabilities over the whole vocabulary
+    ``topk_logprobs`` (float16), what ``--loss kl`` learns from. Returns ``(tokens, seconds, agreement of the stored
+    answers with the labels)``.
     """
     tokens, seconds, same, answered = 0, 0.0, 0, 0
-    rows: dict[str, list] = {k: [] for k in ("features", "input_ids", "labels", "lengths", "prompt_lengths", "scored")}
+    names = ("features", "input_ids", "labels", "lengths", "prompt_lengths", "scored")
+    rows: dict[str, list] = {k: [] for k in names + (("topk_ids", "topk_logprobs") if top_k else ())}
     for i, sequence in enumerate(tqdm(sequences, desc=desc, leave=False)):
         (_, prompt, answer), spans = sequence, getattr(sequence, "spans", None)
         ids = torch.tensor([prompt + answer])
@@ -179,10 +200,13 @@ def write_features(target, sequences: list, layer_ids, folder: Path, split: str,
         rows["lengths"].append(ids.shape[1])
         rows["prompt_lengths"].append(len(prompt))
         rows["scored"].append(scored)
+        if top_k:
+            best = logits[0].float().log_softmax(-1).topk(top_k, dim=-1)
+            rows["topk_ids"].append(best.indices.to(torch.int32))
+            rows["topk_logprobs"].append(best.values.to(torch.float16))
         if len(rows["lengths"]) == chunk or i == len(sequences) - 1:
             tensors = {
-                k: torch.cat(v) if k in ("features", "input_ids", "labels", "scored") else torch.tensor(v)
-                for k, v in rows.items()
+                k: torch.tensor(v) if k in ("lengths", "prompt_lengths") else torch.cat(v) for k, v in rows.items()
             }
             save_file(
                 {k: v.contiguous() for k, v in tensors.items()}, str(folder / f"{split}-{i // chunk:05d}.safetensors")
@@ -206,7 +230,10 @@ def cache_features(target, args, split: dict[str, list], layer_ids) -> dict:
         "sequences": {name: len(rows) for name, rows in split.items()},
         "chunk_sequences": args.chunk_sequences,
         "sequence_tasks": {name: task_runs(rows) for name, rows in split.items()},
+        "target_top_k": args.target_top_k,
     }
+    if args.train_only_tasks:  # (absent: the settings of older caches)
+        settings["train_only_tasks"] = sorted(args.train_only_tasks)
     if any(
         getattr(row, "spans", None) is not None for rows in split.values() for row in rows
     ):  # (absent: the settings of older caches)
@@ -231,7 +258,15 @@ def cache_features(target, args, split: dict[str, list], layer_ids) -> dict:
     meta = {"settings": settings}
     for name, rows in split.items():
         tokens, seconds, agreement = write_features(
-            target, rows, layer_ids, folder, name, args.chunk_sequences, getattr(torch, args.feature_dtype), name
+            target,
+            rows,
+            layer_ids,
+            folder,
+            name,
+            args.chunk_sequences,
+            getattr(torch, args.feature_dtype),
+            name,
+            args.target_top_k,
         )
         meta[name] = {"tokens": tokens, "seconds": seconds, "answers_match_labels": agreement}
         print(
@@ -280,27 +315,105 @@ def chunk_tasks(folder: Path, split: str) -> dict[str, list[str]]:
     return {path.name: tasks[int(path.stem.split("-")[1]) * size :][:size] for path in chunks(folder, split)}
 
 
+TOKEN_TENSORS = ("features", "input_ids", "labels", "scored", "topk_ids", "topk_logprobs")  # one row per position
+
+
 def read_chunk(path: Path) -> list[dict]:
-    """The sequences of one chunk file, each ``{"features", "input_ids", "labels", "prompt_length", "scored"}``
-    (chunks cached before ``scored`` was stored: from the prompt length, as `scored_positions` without spans)."""
+    """The sequences of one chunk file, each ``{"features", "input_ids", "labels", "prompt_length", "scored"}`` (and
+    ``"topk_ids"``, ``"topk_logprobs"`` when cached; chunks cached before ``scored`` was stored: from the prompt
+    length, as `scored_positions` without spans)."""
     data = load_file(str(path))
     ends = data["lengths"].cumsum(0).tolist()
-    return [
-        {
-            "features": data["features"][end - n : end],
-            "input_ids": data["input_ids"][end - n : end],
-            "labels": data["labels"][end - n : end],
-            "prompt_length": int(p),
-            "scored": data["scored"][end - n : end] if "scored" in data else scored_positions(n, int(p), None),
-        }
-        for end, n, p in zip(ends, data["lengths"].tolist(), data["prompt_lengths"].tolist())
-    ]
+    rows = []
+    for end, n, p in zip(ends, data["lengths"].tolist(), data["prompt_lengths"].tolist()):
+        row = {k: data[k][end - n : end] for k in TOKEN_TENSORS if k in data}
+        row["prompt_length"] = int(p)
+        row.setdefault("scored", scored_positions(n, int(p), None))
+        rows.append(row)
+    return rows
 
 
-def batches(folder: Path, split: str, batch_size: int, rng: random.Random | None, task: str | None = None):
-    """Right-padded batches, chunk by chunk (shuffled chunks and sequences with `rng`; only `task`'s sequences when
-    given): ``features`` (B, N, k H), ``input_ids``, ``labels``, ``scored`` (B, N; False past a sequence's end),
-    ``lengths`` and ``prompt_lengths`` (B,)."""
+class SequenceReader:
+    """Reads single cached sequences from any chunk (safetensors slices: only that sequence's bytes), for batches
+    drawn from every chunk at once (``--shuffle global``)."""
+
+    def __init__(self) -> None:
+        self._handles: dict[Path, tuple] = {}
+
+    def _open(self, path: Path):
+        if path not in self._handles:
+            handle = safe_open(str(path), framework="pt")
+            self._handles[path] = (handle, handle.get_tensor("prompt_lengths").tolist(), set(handle.keys()))
+        return self._handles[path]
+
+    def read(self, path: Path, start: int, length: int, index: int) -> dict:
+        """Sequence `index` of chunk `path`, whose tokens are rows ``start .. start + length - 1``."""
+        handle, prompt_lengths, keys = self._open(path)
+        row = {k: handle.get_slice(k)[start : start + length] for k in TOKEN_TENSORS if k in keys}
+        row["prompt_length"] = int(prompt_lengths[index])
+        row.setdefault("scored", scored_positions(length, row["prompt_length"], None))
+        return row
+
+
+def sequence_index(folder: Path, split: str, task: str | None = None) -> list[tuple[Path, int, int, int]]:
+    """``(chunk file, first row, length, index in the chunk)`` of every cached sequence of `split` (only `task`'s when
+    given), in cache order."""
+    tasks = None if task is None else chunk_tasks(folder, split)
+    index = []
+    for path in chunks(folder, split):
+        with safe_open(str(path), framework="pt") as handle:
+            lengths = handle.get_tensor("lengths").tolist()
+        start = 0
+        for i, n in enumerate(lengths):
+            if tasks is None or tasks[path.name][i] == task:
+                index.append((path, start, n, i))
+            start += n
+    return index
+
+
+def pad_batch(group: list[dict]) -> dict:
+    """Sequences (`read_chunk`'s dicts) as one right-padded batch: ``features`` (B, N, k H), ``input_ids``,
+    ``labels``, ``scored`` (B, N; False past a sequence's end), ``topk_ids`` / ``topk_logprobs`` (B, N, K) when
+    cached, ``lengths`` and ``prompt_lengths`` (B,)."""
+    width = max(len(s["input_ids"]) for s in group)
+    batch = {
+        "features": torch.zeros(len(group), width, group[0]["features"].shape[1]),
+        "input_ids": torch.zeros(len(group), width, dtype=torch.long),
+        "labels": torch.zeros(len(group), width, dtype=torch.long),
+        "scored": torch.zeros(len(group), width, dtype=torch.bool),
+        "lengths": torch.tensor([len(s["input_ids"]) for s in group]),
+        "prompt_lengths": torch.tensor([s["prompt_length"] for s in group]),
+    }
+    if all("topk_ids" in s for s in group):
+        k = group[0]["topk_ids"].shape[1]
+        batch["topk_ids"] = torch.zeros(len(group), width, k, dtype=torch.long)
+        batch["topk_logprobs"] = torch.full((len(group), width, k), float("-inf"))
+    for row, s in enumerate(group):
+        n = len(s["input_ids"])
+        for key in batch:
+            if key not in ("lengths", "prompt_lengths"):
+                batch[key][row, :n] = s[key].to(batch[key].dtype)
+    return batch
+
+
+def batches(
+    folder: Path,
+    split: str,
+    batch_size: int,
+    rng: random.Random | None,
+    task: str | None = None,
+    shuffle: str = "chunk",
+):
+    """Right-padded batches (`pad_batch`; only `task`'s sequences when given). Without `rng`, in cache order. With
+    it, `shuffle` ``"chunk"``: the chunks in random order, the sequences shuffled within each (a batch holds one
+    chunk's sequences: mostly one task's, as the cache is written task by task); ``"global"``: every sequence of the
+    split in one random order (`SequenceReader`)."""
+    if rng is not None and shuffle == "global":
+        index, reader = sequence_index(folder, split, task), SequenceReader()
+        rng.shuffle(index)
+        for start in range(0, len(index), batch_size):
+            yield pad_batch([reader.read(*entry) for entry in index[start : start + batch_size]])
+        return
     files = chunks(folder, split)
     tasks = None if task is None else chunk_tasks(folder, split)
     if rng is not None:
@@ -314,27 +427,13 @@ def batches(folder: Path, split: str, batch_size: int, rng: random.Random | None
         if rng is not None:
             rng.shuffle(sequences)
         for start in range(0, len(sequences), batch_size):
-            group = sequences[start : start + batch_size]
-            width = max(len(s["input_ids"]) for s in group)
-            batch = {
-                "features": torch.zeros(len(group), width, group[0]["features"].shape[1]),
-                "input_ids": torch.zeros(len(group), width, dtype=torch.long),
-                "labels": torch.zeros(len(group), width, dtype=torch.long),
-                "scored": torch.zeros(len(group), width, dtype=torch.bool),
-                "lengths": torch.tensor([len(s["input_ids"]) for s in group]),
-                "prompt_lengths": torch.tensor([s["prompt_length"] for s in group]),
-            }
-            for row, s in enumerate(group):
-                n = len(s["input_ids"])
-                batch["features"][row, :n] = s["features"].float()
-                batch["input_ids"][row, :n] = s["input_ids"]
-                batch["labels"][row, :n] = s["labels"]
-                batch["scored"][row, :n] = s["scored"]
-            yield batch
+            yield pad_batch(sequences[start : start + batch_size])
 
 
-def count_batches(folder: Path, split: str, batch_size: int, task: str | None = None) -> int:
-    """How many batches `batches` yields (read from the chunk files' headers)."""
+def count_batches(folder: Path, split: str, batch_size: int, task: str | None = None, shuffle: str = "chunk") -> int:
+    """How many batches `batches` yields with an `rng` (read from the chunk files' headers)."""
+    if shuffle == "global":
+        return -(-len(sequence_index(folder, split, task)) // batch_size)
     tasks = None if task is None else chunk_tasks(folder, split)
     total = 0
     for path in chunks(folder, split):
@@ -407,42 +506,133 @@ def step_targets(batch: dict, step: int, rows: int) -> tuple[torch.Tensor, torch
     return batch["labels"][:, 1 + step : 1 + step + rows], batch["scored"][:, 1 + step : 1 + step + rows]
 
 
-def batch_loss(head: FeatureHead, batch: dict, steps: int) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-    """``sum_s 0.8^s * CE_s`` over scored entries whose label is in the draft vocabulary, and per step
-    ``(top-1 hits, scored entries)`` against the target's greedy token (every scored entry)."""
-    t2d = head.t2d.cpu()
-    draft_id = torch.zeros(head.config.vocab_size, dtype=torch.long)  # target id -> draft id (where t2d)
-    draft_id[head.draft_to_target(torch.arange(head.config.draft_vocab_size)).cpu()] = torch.arange(
-        head.config.draft_vocab_size
-    )
-    loss, hits = torch.zeros(()), []
+def draft_index(head: FeatureHead) -> torch.Tensor:
+    """Target id -> draft id, ``(V,)`` (0 where the target id has none: read it only where ``t2d``)."""
+    index = torch.zeros(head.config.vocab_size, dtype=torch.long)
+    draft = torch.arange(head.config.draft_vocab_size)
+    index[head.draft_to_target(draft).cpu()] = draft
+    return index
+
+
+def restricted_kl(logits, topk_ids, topk_logprobs, t2d, draft_id) -> tuple[torch.Tensor, torch.Tensor]:
+    """``KL(p || q)`` per row of draft logits `logits` ``(R, Vd)``: ``p`` the target's distribution restricted to the
+    draft vocabulary and renormalised, from its cached top-k ``(R, K)`` (the mass outside the top k is dropped), ``q``
+    the head's softmax over the draft vocabulary. Returns the ``(R',)`` divergences of the rows whose top k hold a
+    draft token and that ``(R,)`` mask.
+
+    Example (two draft tokens = target ids 0 and 2; the target's top 2 of row 0 are ids 2 and 5, 5 not drafted):
+        >>> t2d, draft_id = torch.tensor([True, False, True, False, False, False]), torch.tensor([0, 0, 1, 0, 0, 0])
+        >>> kl, rows = restricted_kl(torch.tensor([[0.0, 0.0]]), torch.tensor([[2, 5]]),
+        ...                          torch.tensor([[-0.1, -2.4]]), t2d, draft_id)
+        >>> round(float(kl[0]), 4), rows.tolist()  # p = (0, 1) on the draft tokens, q = (1/2, 1/2): KL = log 2
+        (0.6931, [True])
+    """
+    inside = t2d[topk_ids]
+    rows = inside.any(-1)
+    inside, ids = inside[rows], topk_ids[rows]
+    log_p = topk_logprobs[rows].float().masked_fill(~inside, float("-inf")).log_softmax(-1)
+    log_q = logits[rows].float().log_softmax(-1).gather(-1, draft_id[ids])
+    p = log_p.exp()  # 0 outside the draft vocabulary
+    return (p * (log_p.masked_fill(~inside, 0.0) - log_q)).sum(-1), rows
+
+
+def batch_loss(head: FeatureHead, batch: dict, steps: int, loss: str = "ce") -> tuple[torch.Tensor, dict, list]:
+    """The training objective ``sum_s 0.8^s * L_s``, both losses, and what each step got right.
+
+    ``L_s`` is, for `loss` ``"ce"``, the cross-entropy of step ``s`` against the target's greedy token over the
+    scored entries whose label is in the draft vocabulary; for ``"kl"``, the mean `restricted_kl` over the scored
+    entries (the batch must hold the cached top-k). Returns ``(objective, {"ce": ..., "kl": ...} (kl only with the
+    top-k cached), [(correct, scored), ...])``: per step, ``(B, N - 1 - s)`` masks of the entries whose top-1 is the
+    target's greedy token (every scored entry counts, labels outside the draft vocabulary as misses) and of the
+    scored ones."""
+    t2d, draft_id = head.t2d.cpu(), draft_index(head)
+    with_topk = "topk_ids" in batch
+    losses = {"ce": torch.zeros(()), **({"kl": torch.zeros(())} if with_topk else {})}
+    outcome = []
     for step, logits in enumerate(unrolled_logits(head, batch["features"], batch["input_ids"], steps)):
         labels, mask = step_targets(batch, step, logits.shape[1])
-        predicted = head.draft_to_target(logits.argmax(-1))
-        hits.append((int((predicted == labels)[mask].sum()), int(mask.sum())))
+        outcome.append((head.draft_to_target(logits.argmax(-1)) == labels, mask))
         trained = mask & t2d[labels]
         if trained.any():
-            loss = loss + STEP_WEIGHT**step * F.cross_entropy(logits[trained], draft_id[labels[trained]])
-    return loss, hits
+            ce = F.cross_entropy(logits[trained], draft_id[labels[trained]])
+            losses["ce"] = losses["ce"] + STEP_WEIGHT**step * ce
+        if with_topk and mask.any():
+            span = slice(1 + step, 1 + step + logits.shape[1])
+            kl, rows = restricted_kl(
+                logits[mask], batch["topk_ids"][:, span][mask], batch["topk_logprobs"][:, span][mask], t2d, draft_id
+            )
+            if rows.any():
+                losses["kl"] = losses["kl"] + STEP_WEIGHT**step * kl.mean()
+    return losses[loss], losses, outcome
+
+
+def step_counts(outcome: list) -> torch.Tensor:
+    """Per sequence and step ``s``, ``(B, steps, 4)``: ``[hits, scored, conditional hits, conditional scored]``.
+
+    Full accuracy at step ``s`` is hits / scored over every scored entry (teacher-forced: the head reads the
+    target's tokens for steps ``< s``); conditional accuracy counts only the entries whose steps ``0 .. s - 1`` were
+    all correct (scored and the target's token), as speculators reports it: the chance that draft token ``s + 1``
+    is accepted once the ``s`` before it were. Step 0's are the same.
+
+    Example (one sequence, every entry scored; steps 0, 1, 2 right on entries {0, 1, 3}, {0, 2}, {1}):
+        >>> hit = [torch.tensor([[1, 1, 0, 1]]), torch.tensor([[1, 0, 1]]), torch.tensor([[0, 1]])]
+        >>> step_counts([(h.bool(), torch.ones_like(h).bool()) for h in hit])[0].tolist()
+        [[3, 4, 3, 4], [2, 3, 1, 2], [1, 2, 0, 1]]
+    """
+    rows, chain = [], None
+    for correct, scored in outcome:
+        width = correct.shape[1]
+        hit = correct & scored
+        given = scored if chain is None else scored & chain[:, :width]
+        rows.append(torch.stack([x.sum(1) for x in (hit, scored, hit & given, given)], dim=-1))
+        chain = hit if chain is None else chain[:, :width] & hit
+    return torch.stack(rows, dim=1)
+
+
+def ratio_se(hits: torch.Tensor, counts: torch.Tensor) -> float:
+    """The standard error of ``sum hits / sum counts`` over sequences (each sequence one cluster of correlated
+    positions: the ratio estimator's linearised variance, ``m / (m - 1)`` corrected)."""
+    keep = counts > 0
+    hits, counts = hits[keep].double(), counts[keep].double()
+    m = int(keep.sum())
+    if m < 2:
+        return float("nan")
+    ratio = hits.sum() / counts.sum()
+    return float(((hits - ratio * counts).pow(2).sum() * m / (m - 1)).sqrt() / counts.sum())
 
 
 @torch.no_grad()
 def evaluate(head: FeatureHead, folder: Path, args, task: str | None = None) -> dict:
-    """Held-out loss and top-1 agreement of steps 0 and 1 (needs ``--ttt-steps >= 2`` for step 1), on `task`'s
-    held-out sequences only when given."""
+    """Held-out losses and, per training-time-test step, full and conditional top-1 agreement (`step_counts`) with
+    the target's greedy token, on `task`'s held-out sequences only when given. ``val_loss`` is always the
+    cross-entropy objective (comparable across ``--loss``), ``val_kl`` the KL one (with the top-k cached);
+    ``se_*`` the standard errors over held-out sequences (`ratio_se`); ``per_sequence`` ``[hits, scored]`` of step
+    0 and the conditional ones of step 1, per held-out sequence in cache order (for paired comparisons of runs)."""
     head.eval()
-    totals = [[0, 0] for _ in range(args.ttt_steps)]
-    loss, count = 0.0, 0
+    losses: dict[str, float] = {}
+    count, per_sequence = 0, []
     for batch in batches(folder, "val", args.batch_size, None, task):
-        value, hits = batch_loss(head, batch, args.ttt_steps)
-        loss, count = loss + float(value), count + 1
-        for total, (hit, n) in zip(totals, hits):
-            total[0], total[1] = total[0] + hit, total[1] + n
-    agreement = [hit / max(n, 1) for hit, n in totals]
-    return {
-        "val_loss": loss / max(count, 1),
-        **{f"agreement_step{s}": agreement[s] for s in range(min(2, len(agreement)))},
-    }
+        _, values, outcome = batch_loss(head, batch, args.ttt_steps)
+        for name, value in values.items():
+            losses[name] = losses.get(name, 0.0) + float(value)
+        count += 1
+        per_sequence.append(step_counts(outcome))
+    counts = torch.cat(per_sequence)  # (sequences, steps, 4)
+    totals = counts.sum(0).tolist()
+    row = {"val_loss": losses.get("ce", 0.0) / max(count, 1)}
+    if "kl" in losses:
+        row["val_kl"] = losses["kl"] / max(count, 1)
+    for s, (hit, n, cond_hit, cond_n) in enumerate(totals):
+        row[f"agreement_step{s}"] = hit / max(n, 1)
+        if s:
+            row[f"conditional_step{s}"] = cond_hit / max(cond_n, 1)
+    row["se_agreement_step0"] = ratio_se(counts[:, 0, 0], counts[:, 0, 1])
+    if counts.shape[1] > 1:
+        row["se_conditional_step1"] = ratio_se(counts[:, 1, 2], counts[:, 1, 3])
+    row["val_sequences"], row["val_positions"] = counts.shape[0], int(counts[:, 0, 1].sum())
+    columns = [0, 1, 6, 7] if counts.shape[1] > 1 else [0, 1]  # step 0's [hits, scored], step 1's conditional ones
+    row["per_sequence"] = counts[:, :2, :].reshape(len(counts), -1)[:, columns].tolist()
+    return row
 
 
 # ======================================================================================================================
@@ -465,9 +655,38 @@ def parse_args(argv=None):
     p.add_argument("--ttt-steps", type=int, default=3, help="training-time-test steps (>= 2 for step-1 agreement)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--lr", type=float, default=3e-4, help="the peak learning rate")
+    p.add_argument("--schedule", default="constant", choices=["constant", "cosine"], help="after the warm-up")
+    p.add_argument("--warmup", type=int, default=0, help="optimizer steps of linear warm-up to --lr")
+    p.add_argument("--betas", type=float, nargs=2, default=[0.9, 0.999], help="AdamW's (EAGLE-3: 0.9 0.95)")
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--clip", type=float, default=0.5, help="gradient norm clip")
+    p.add_argument(
+        "--shuffle",
+        default="chunk",
+        choices=["chunk", "global"],
+        help="chunk: chunks in random order, sequences shuffled within one (mostly one task a batch); global: all "
+        "sequences in one random order",
+    )
+    p.add_argument(
+        "--lm-head",
+        default="random",
+        choices=["random", "target", "target-frozen"],
+        help="the LM head's init: random, or the target's LM head rows of the draft vocabulary (fine-tuned, frozen)",
+    )
+    p.add_argument(
+        "--loss", default="ce", choices=["ce", "kl"], help="hard labels, or KL to the target's distribution (top-k)"
+    )
+    p.add_argument("--target-top-k", type=int, default=32, help="the target's top-k log-probs cached per position")
+    p.add_argument(
+        "--feature-norm",
+        default="none",
+        choices=["none", "per-layer"],
+        help="per-layer: one RMSNorm per fused layer before fc (the head's `fc_norm`, saved with it)",
+    )
+    p.add_argument(
+        "--train-only-tasks", nargs="*", default=[], help="stores trained on whole, never held out (e.g. sharegpt)"
+    )
     p.add_argument("--feature-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--chunk-sequences", type=int, default=64, help="sequences per feature file")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the target's dtype")
@@ -486,6 +705,16 @@ def parse_args(argv=None):
     for name in ("epochs", "batch_size", "ttt_steps", "draft_vocab_size", "chunk_sequences", "threads", "lora_rank"):
         if getattr(args, name) < 1:
             p.error(f"`--{name.replace('_', '-')}` must be >= 1, but is {getattr(args, name)}.")
+    for name in ("warmup", "target_top_k"):
+        if getattr(args, name) < 0:
+            p.error(f"`--{name.replace('_', '-')}` must be >= 0, but is {getattr(args, name)}.")
+    if args.loss == "kl" and args.target_top_k < 1:
+        p.error("`--loss kl` must come with `--target-top-k` >= 1 (the target's distribution it learns), but it is 0.")
+    if args.init_head is not None and (args.lm_head != "random" or args.feature_norm != "none"):
+        p.error(
+            f"`--lm-head` and `--feature-norm` must keep their defaults with `--init-head` (the saved head's LM head "
+            f"and config are continued), but are {args.lm_head!r} and {args.feature_norm!r}. Drop them."
+        )
     if args.lora_task and args.base_head is None:
         p.error("`--lora-task` must come with `--base-head DIR` (a head trained by this recipe), but it is missing.")
     unknown = sorted(set(args.lora_task) - set(args.tasks))
@@ -496,6 +725,15 @@ def parse_args(argv=None):
     return args
 
 
+@torch.no_grad()
+def init_lm_head(head: FeatureHead, target, frozen: bool) -> None:
+    """The head's LM head from the target's: the rows of its draft vocabulary (``d2t``), as speculators does;
+    `frozen`: not trained (its rows stay the target's)."""
+    rows = target.get_output_embeddings().weight[head.draft_to_target(torch.arange(head.config.draft_vocab_size))]
+    head.lm_head.weight.copy_(rows.to(head.lm_head.weight.dtype))
+    head.lm_head.weight.requires_grad_(not frozen)
+
+
 def commit() -> str | None:
     """The checkout's short commit (read-only), or None outside a git checkout."""
     result = subprocess.run(
@@ -504,24 +742,51 @@ def commit() -> str | None:
     return result.stdout.strip() if result.returncode == 0 else None
 
 
+def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
+    """The learning rate of optimizer step `step` (0-based) of `total`, as a share of the peak: linear from
+    ``1 / warmup`` to 1 over the first `warmup` steps, then 1 (``"constant"``) or a cosine from 1 down to 0 at the
+    last step's end (``"cosine"``).
+
+    Example:
+        >>> [round(lr_factor(s, 6, 2, "cosine"), 3) for s in range(6)]
+        [0.5, 1.0, 1.0, 0.854, 0.5, 0.146]
+    """
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / max(total - warmup, 1)))
+
+
 def train(head: FeatureHead, args, task: str | None = None) -> list[dict]:
-    """``--epochs`` epochs of AdamW on the head's trainable parameters (the whole head, or an adapter), on `task`'s
-    training sequences only when given; one row per epoch (train loss, speed, held-out metrics on the same task)."""
+    """``--epochs`` epochs of AdamW (``--betas``, ``--lr`` on the ``--warmup`` / ``--schedule`` shape of `lr_factor`)
+    on the head's trainable parameters (the whole head but a frozen LM head, or an adapter), on `task`'s training
+    sequences only when given; one row per epoch (train loss, speed, held-out metrics on the same task; the last
+    row keeps `evaluate`'s ``per_sequence``)."""
     optimizer = torch.optim.AdamW(
-        [p for p in head.parameters() if p.requires_grad], lr=args.lr, weight_decay=args.weight_decay
+        [p for p in head.parameters() if p.requires_grad],
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        betas=tuple(args.betas),
     )
     rng, epochs = random.Random(args.seed), []
-    n_batches = count_batches(args.work_dir, "train", args.batch_size, task)
+    n_batches = count_batches(args.work_dir, "train", args.batch_size, task, args.shuffle)
+    total_steps = n_batches * args.epochs
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, total_steps, args.warmup, args.schedule)
+    )
     for epoch in range(1, args.epochs + 1):
         head.train()
         start, total, entries = time.perf_counter(), 0.0, 0
-        bar = tqdm(batches(args.work_dir, "train", args.batch_size, rng, task), total=n_batches, desc=f"epoch {epoch}")
+        stream = batches(args.work_dir, "train", args.batch_size, rng, task, args.shuffle)
+        bar = tqdm(stream, total=n_batches, desc=f"epoch {epoch}", mininterval=10)
         for count, batch in enumerate(bar, 1):
-            loss, _ = batch_loss(head, batch, args.ttt_steps)
+            loss, _, _ = batch_loss(head, batch, args.ttt_steps, args.loss)
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), args.clip)
             optimizer.step()
+            scheduler.step()
             total += float(loss.detach())
             entries += int((batch["lengths"] - 1).sum())
             bar.set_postfix(loss=f"{total / count:.3f}")
@@ -534,7 +799,9 @@ def train(head: FeatureHead, args, task: str | None = None) -> list[dict]:
             **evaluate(head, args.work_dir, args, task),
         }
         epochs.append(row)
-        print(json.dumps(row), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if k != "per_sequence"}), flush=True)
+    for row in epochs[:-1]:
+        row.pop("per_sequence")
     return epochs
 
 
@@ -555,6 +822,7 @@ def train_adapters(args, target, split: dict[str, list]) -> dict:
     for task in args.lora_task:
         set_active_adapter(head, None)
         base = evaluate(head, args.work_dir, args, task)
+        base.pop("per_sequence")
         print(f"{task}: base head {base}", flush=True)
         add_adapter(head, task, r=args.lora_rank)  # active and trainable; the head and other adapters frozen
         epochs = train(head, args, task)
@@ -585,26 +853,33 @@ def main(argv=None, target=None) -> dict:
         target, _ = load_models(args.models, args.dtype, args.threads)
     torch.set_num_threads(args.threads)
     target.requires_grad_(False)
-    split = read_stores(args.stores, args.tasks, args.max_sequences, args.val_sequences)
+    split = read_stores(args.stores, args.tasks, args.max_sequences, args.val_sequences, args.train_only_tasks)
     if args.lora_task:
         return train_adapters(args, target, split)
     extra = {} if args.intermediate_size is None else {"intermediate_size": args.intermediate_size}
+    extra["fc_norm"] = args.feature_norm == "per-layer"
     layer_ids = None if args.layer_ids is None else tuple(args.layer_ids)
     config = FeatureHeadConfig.for_target(target, layer_ids=layer_ids, draft_vocab_size=args.draft_vocab_size, **extra)
     meta = cache_features(target, args, split, config.layer_ids)
+    if args.loss == "kl" and not meta["settings"].get("target_top_k"):
+        raise SystemExit(f"`--loss kl` needs the target's top-k in the feature cache, but {args.work_dir} has none.")
     if args.init_head is None:
         head = FeatureHead(config, target.get_input_embeddings(), dtype=torch.float32)
         head.set_vocab_map(draft_vocabulary(args.work_dir, config.vocab_size, config.draft_vocab_size))
+        if args.lm_head != "random":
+            init_lm_head(head, target, frozen=args.lm_head == "target-frozen")
     else:  # more epochs for a saved head (its config, vocabulary map and weights; the optimizer starts afresh)
         head = load_feature_head(args.init_head, target).float().requires_grad_(True)
         config = head.config
     untrained = evaluate(head, args.work_dir, args)
+    untrained.pop("per_sequence")
     print(f"{'untrained' if args.init_head is None else 'start'}: {untrained}", flush=True)
     epochs = train(head, args)
     if args.round_bfloat16:  # what is stored is what is measured: the held-out figures of the rounded head
         round_to_bfloat16(head)
         epochs.append({"rounded_to_bfloat16": True, **evaluate(head, args.work_dir, args)})
-        print(json.dumps(epochs[-1]), flush=True)
+        epochs[-2].pop("per_sequence", None)
+        print(json.dumps({k: v for k, v in epochs[-1].items() if k != "per_sequence"}), flush=True)
     save_head(head.eval(), args.out)
     record = {
         "commit": commit(),
