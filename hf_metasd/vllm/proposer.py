@@ -282,6 +282,10 @@ class MetaSDProposer:
         )
         get_policy(self.policy_name, self.policy_kwargs)  # an unknown policy or setting fails here, not per request
         self.seed = options.get("seed")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise MetaSDTypeError(
+                f'`additional_config["hf_metasd"]["seed"]` must be an int or None, but is {self.seed!r}. Pass e.g. 0.'
+            )
         self.drafters = list(self.pool.drafters)
         self.no_draft_arm = len(self.drafters) if self.reward == "speed" else None
         self.arm_names = unique_names(self.drafters) + ([NO_DRAFT] if self.no_draft_arm is not None else [])
