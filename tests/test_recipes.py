@@ -15,7 +15,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
-GROUPS = {"pools", "benchmarks", "studies"}
+GROUPS = {"pools", "benchmarks", "studies", "serving"}
 
 
 def recipe(name: str):
