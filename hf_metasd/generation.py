@@ -270,7 +270,13 @@ def generate(
             metasd_streamer=metasd_streamer,
             model_kwargs=model_kwargs,
         )
-    uncached_prompt_length(input_ids, model_kwargs, generation_config)  # a cache passed in: checked before compute
+
+    def choose_kernels() -> VerificationKernels:
+        # run by the generator after the target's and the drafters' checks (a recurrent target's cache may not even
+        # report its length), and before the first compute: a cache passed in is checked, then the kernel chosen
+        uncached_prompt_length(input_ids, model_kwargs, generation_config)
+        return VerificationKernels.for_call(model, settings.meta_skinny_gemm, settings.num_assistant_tokens)
+
     candidate_generator = build_candidate_generator(
         model,
         generation_config,
@@ -280,10 +286,7 @@ def generate(
         settings,
         pool_defaults=pool_defaults,
         priors_from_call=given["meta_priors"] is not None,
-        # after the checks above and the generator's own: the kernel choice measures the target's layers
-        choose_kernels=functools.partial(
-            VerificationKernels.for_call, model, settings.meta_skinny_gemm, settings.num_assistant_tokens
-        ),
+        choose_kernels=choose_kernels,
     )
     if streamer is None and metasd_streamer is not None:
         streamer = metasd_streamer  # transformers never saw this one: it gets the prompt here
