@@ -118,8 +118,10 @@ def test_the_new_options_run_end_to_end_and_save_a_head_that_drafts_as_trained(t
     rows = target.lm_head.weight[head.draft_to_target(torch.arange(48))]
     torch.testing.assert_close(head.lm_head.weight, rows)
     # the LM head from the target's rows, fine-tuned: it moves
-    tuned = train.main([*common, "--lm-head", "target", "--out", str(tmp_path / "tuned")], target=target)
+    tuned_argv = [*common, "--lm-head", "target", "--max-steps", "5", "--out", str(tmp_path / "tuned")]
+    tuned = train.main(tuned_argv, target=target)
     assert tuned["features"] == record["features"]  # the same cache, reused
+    assert [e["steps"] for e in tuned["epochs"]] == [4, 5]  # 4 batches an epoch, stopped after 5 steps
     moved = load_feature_head(tmp_path / "tuned", target)
     assert not torch.equal(moved.lm_head.weight, rows)
 
@@ -128,7 +130,7 @@ def test_the_new_options_run_end_to_end_and_save_a_head_that_drafts_as_trained(t
     ("argv", "message"),
     [
         (["--loss", "kl", "--target-top-k", "0"], "`--loss kl` must come with `--target-top-k` >= 1"),
-        (["--init-head", "h", "--lm-head", "target"], "`--lm-head` and `--feature-norm` must keep their defaults"),
+        (["--init-head", "h", "--feature-norm", "per-layer"], "`--feature-norm` must be none with `--init-head`"),
         (["--warmup", "-1"], "`--warmup` must be >= 0, but is -1"),
     ],
 )

@@ -346,10 +346,11 @@ class SequenceReader:
             self._handles[path] = (handle, handle.get_tensor("prompt_lengths").tolist(), set(handle.keys()))
         return self._handles[path]
 
-    def read(self, path: Path, start: int, length: int, index: int) -> dict:
-        """Sequence `index` of chunk `path`, whose tokens are rows ``start .. start + length - 1``."""
+    def read(self, path: Path, start: int, length: int, index: int, names=TOKEN_TENSORS) -> dict:
+        """Sequence `index` of chunk `path`, whose tokens are rows ``start .. start + length - 1`` (the tensors
+        `names` of it, and its prompt length)."""
         handle, prompt_lengths, keys = self._open(path)
-        row = {k: handle.get_slice(k)[start : start + length] for k in TOKEN_TENSORS if k in keys}
+        row = {k: handle.get_slice(k)[start : start + length] for k in names if k in keys}
         row["prompt_length"] = int(prompt_lengths[index])
         row.setdefault("scored", scored_positions(length, row["prompt_length"], None))
         return row
@@ -447,10 +448,10 @@ def count_batches(folder: Path, split: str, batch_size: int, task: str | None = 
 def draft_vocabulary(folder: Path, vocab_size: int, draft_vocab_size: int) -> list[int]:
     """The `draft_vocab_size` target ids most often the greedy label of a scored position in the training chunks
     (ties by id), in increasing id order."""
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for path in chunks(folder, "train"):
-        for s in read_chunk(path):
-            counts += torch.bincount(s["labels"][s["scored"]], minlength=vocab_size)
+    counts, reader = torch.zeros(vocab_size, dtype=torch.long), SequenceReader()  # (the labels only, not features)
+    for path, start, length, i in sequence_index(folder, "train"):
+        s = reader.read(path, start, length, i, ("labels", "scored"))
+        counts += torch.bincount(s["labels"][s["scored"]], minlength=vocab_size)
     order = sorted(range(vocab_size), key=lambda t: (-int(counts[t]), t))
     return sorted(order[:draft_vocab_size])
 
@@ -654,6 +655,7 @@ def parse_args(argv=None):
     p.add_argument("--intermediate-size", type=int, default=None, help="the head's MLP width (default the target's)")
     p.add_argument("--ttt-steps", type=int, default=3, help="training-time-test steps (>= 2 for step-1 agreement)")
     p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps (default: none)")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--lr", type=float, default=3e-4, help="the peak learning rate")
     p.add_argument("--schedule", default="constant", choices=["constant", "cosine"], help="after the warm-up")
@@ -670,9 +672,10 @@ def parse_args(argv=None):
     )
     p.add_argument(
         "--lm-head",
-        default="random",
+        default="target",
         choices=["random", "target", "target-frozen"],
-        help="the LM head's init: random, or the target's LM head rows of the draft vocabulary (fine-tuned, frozen)",
+        help="a new head's LM head: the target's LM head rows of the draft vocabulary (fine-tuned, or frozen), or "
+        "random (`--init-head` continues the saved head's)",
     )
     p.add_argument(
         "--loss", default="ce", choices=["ce", "kl"], help="hard labels, or KL to the target's distribution (top-k)"
@@ -705,15 +708,17 @@ def parse_args(argv=None):
     for name in ("epochs", "batch_size", "ttt_steps", "draft_vocab_size", "chunk_sequences", "threads", "lora_rank"):
         if getattr(args, name) < 1:
             p.error(f"`--{name.replace('_', '-')}` must be >= 1, but is {getattr(args, name)}.")
+    if args.max_steps is not None and args.max_steps < 1:
+        p.error(f"`--max-steps` must be >= 1, but is {args.max_steps}.")
     for name in ("warmup", "target_top_k"):
         if getattr(args, name) < 0:
             p.error(f"`--{name.replace('_', '-')}` must be >= 0, but is {getattr(args, name)}.")
     if args.loss == "kl" and args.target_top_k < 1:
         p.error("`--loss kl` must come with `--target-top-k` >= 1 (the target's distribution it learns), but it is 0.")
-    if args.init_head is not None and (args.lm_head != "random" or args.feature_norm != "none"):
+    if args.init_head is not None and args.feature_norm != "none":
         p.error(
-            f"`--lm-head` and `--feature-norm` must keep their defaults with `--init-head` (the saved head's LM head "
-            f"and config are continued), but are {args.lm_head!r} and {args.feature_norm!r}. Drop them."
+            f"`--feature-norm` must be none with `--init-head` (the saved head's config is continued), but is "
+            f"{args.feature_norm!r}. Drop it."
         )
     if args.lora_task and args.base_head is None:
         p.error("`--lora-task` must come with `--base-head DIR` (a head trained by this recipe), but it is missing.")
@@ -759,8 +764,8 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
 
 
 def train(head: FeatureHead, args, task: str | None = None) -> list[dict]:
-    """``--epochs`` epochs of AdamW (``--betas``, ``--lr`` on the ``--warmup`` / ``--schedule`` shape of `lr_factor`)
-    on the head's trainable parameters (the whole head but a frozen LM head, or an adapter), on `task`'s training
+    """``--epochs`` epochs (at most ``--max-steps`` optimizer steps) of AdamW (``--betas``, ``--lr`` on the
+    ``--warmup`` / ``--schedule`` shape of `lr_factor`) on the head's trainable parameters (the whole head but a frozen LM head, or an adapter), on `task`'s training
     sequences only when given; one row per epoch (train loss, speed, held-out metrics on the same task; the last
     row keeps `evaluate`'s ``per_sequence``)."""
     optimizer = torch.optim.AdamW(
@@ -771,15 +776,17 @@ def train(head: FeatureHead, args, task: str | None = None) -> list[dict]:
     )
     rng, epochs = random.Random(args.seed), []
     n_batches = count_batches(args.work_dir, "train", args.batch_size, task, args.shuffle)
-    total_steps = n_batches * args.epochs
+    total_steps = n_batches * args.epochs if args.max_steps is None else min(args.max_steps, n_batches * args.epochs)
+    done = 0
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, total_steps, args.warmup, args.schedule)
     )
-    for epoch in range(1, args.epochs + 1):
+    for epoch in range(1, -(-total_steps // n_batches) + 1):
         head.train()
         start, total, entries = time.perf_counter(), 0.0, 0
         stream = batches(args.work_dir, "train", args.batch_size, rng, task, args.shuffle)
-        bar = tqdm(stream, total=n_batches, desc=f"epoch {epoch}", mininterval=10)
+        steps = min(n_batches, total_steps - done)
+        bar = tqdm(stream, total=steps, desc=f"epoch {epoch}", mininterval=10)
         for count, batch in enumerate(bar, 1):
             loss, _, _ = batch_loss(head, batch, args.ttt_steps, args.loss)
             optimizer.zero_grad()
@@ -790,10 +797,14 @@ def train(head: FeatureHead, args, task: str | None = None) -> list[dict]:
             total += float(loss.detach())
             entries += int((batch["lengths"] - 1).sum())
             bar.set_postfix(loss=f"{total / count:.3f}")
+            done += 1
+            if count == steps:
+                break
         seconds = time.perf_counter() - start
         row = {
             "epoch": epoch,
-            "train_loss": total / n_batches,
+            "train_loss": total / steps,
+            "steps": done,
             "tokens_per_s": entries / seconds,
             "seconds": seconds,
             **evaluate(head, args.work_dir, args, task),
