@@ -11,10 +11,7 @@ those tokens are the scored ones; without it, every position from the last promp
 
 1. **Features, once.** Each prompt + answer sequence goes through one target forward pass inside a `FeatureRecorder`
    (pre-hooks on ``--layer-ids``; no ``output_hidden_states``); the features ``f`` and the target's greedy next
-   token at every position (the labels) and its ``--target-top-k`` most likely next tokens with their
-   log-probabilities (what ``--loss kl`` learns from: the target's distribution, cut to its top k, since 49k-wide
-   logits per position would be 100 KB each, ~30x the features, and recomputing them would rerun the target every
-   epoch) are written to chunked safetensors under ``--work-dir``
+   token at every position (the labels) are written to chunked safetensors under ``--work-dir``
    (``train-NNNNN.safetensors``, ``val-NNNNN.safetensors``, then ``features.json``), reused while the settings match,
    so epochs never rerun the target.
 2. **Draft vocabulary.** The ``--draft-vocab-size`` target tokens most often predicted on the training answers
@@ -25,23 +22,22 @@ those tokens are the scored ones; without it, every position from the last promp
    the step-0 entries ``0 .. c`` and to its own row's entries of steps ``1 .. s``: exactly the cache `FeatureHead.draft`
    holds when it drafts ``s`` tokens after committing entries ``0 .. c`` (`unrolled_logits`; a test checks it against
    the head's cached passes). Step ``s`` of entry ``c`` is scored against the target's greedy token at position
-   ``c + 1 + s`` on answer positions only (the scored positions above), weighted by ``0.8 ** s``: ``--loss ce``
-   cross-entropy over the draft vocabulary (labels outside it are skipped); ``--loss kl`` the KL divergence from the
-   target's cached top k restricted to the draft vocabulary and renormalised (`restricted_kl`). AdamW (``--betas``),
+   ``c + 1 + s`` on answer positions only (the scored positions above), weighted by ``0.8 ** s``: the
+   cross-entropy over the draft vocabulary (labels outside it are skipped). AdamW (``--betas``),
    gradient clipping (``--clip``), ``--lr`` after ``--warmup`` linear steps, then constant or ``--schedule cosine``
    (`lr_factor`). Batches: ``--shuffle chunk`` (the chunks in random order, shuffled within each; as the cache is
    written task by task, most batches hold one task) or ``global`` (every training sequence in one random order).
    ``--lm-head target`` / ``target-frozen`` starts the LM head from the target's LM head rows of the draft vocabulary
-   (fine-tuned / frozen), as speculators does; ``--feature-norm per-layer`` puts one RMSNorm per fused layer before
-   ``fc`` (the head's ``fc_norm``: the raw layers' scales differ ~8x and an attention-sink position is ~1000x
-   larger; the norm's weights are saved with the head, so drafting applies the same).
-4. **Reports** per epoch: train loss, the held-out cross-entropy (``val_loss``, whatever ``--loss``) and KL, and per
+   (fine-tuned / frozen), as speculators does. Two more options were measured and removed (docs/benchmarks.md,
+   "Feature-head recipe ablation"): a KL loss against the target's cached top-k distribution (level with the
+   cross-entropy, 20 % slower) and one RMSNorm per fused layer before ``fc`` (worse).
+4. **Reports** per epoch: train loss, the held-out cross-entropy (``val_loss``), and per
    step the top-1 agreement with the target's greedy token, full (``agreement_step<s>``: teacher-forced with the
    stored tokens at every scored entry) and conditional (``conditional_step<s>``: only entries whose steps ``< s``
    were all right, as speculators reports it: the acceptance of draft token ``s + 1`` given the ones before;
    `step_counts`), with standard errors over held-out sequences (labels outside the draft vocabulary count as
-   misses), tokens/s and wall time; the untrained head first. The head is saved with `save_head` to ``--out`` (hf_metasd's layout), the run's record to
-   ``<out>/training_record.json``.
+   misses), tokens/s and wall time; the untrained head first. The head is saved with `save_head` to ``--out``
+   (hf_metasd's layout), the run's record to ``<out>/training_record.json``.
 5. **Per-task adapters** (``--lora-task TASK``, repeatable, with ``--base-head DIR``, a trained head): the head is
    loaded and frozen, and for each task a LoRA adapter (`hf_metasd.feature_head.add_adapter`: rank ``--lora-rank`` on
    the decoder layer's projections) is trained with the same training-time-test loss on that task's training
@@ -169,19 +165,15 @@ def scored_positions(length: int, prompt_length: int, spans: list | None) -> tor
 
 
 @torch.no_grad()
-def write_features(
-    target, sequences: list, layer_ids, folder: Path, split: str, chunk: int, dtype, desc: str, top_k: int = 0
-):
+def write_features(target, sequences: list, layer_ids, folder: Path, split: str, chunk: int, dtype, desc: str):
     """One target pass per sequence; chunks of `chunk` sequences as ``<split>-NNNNN.safetensors`` holding the
     concatenated ``features`` (sum N, k H), ``input_ids`` and ``labels`` (the target's greedy next token, sum N),
-    ``lengths``, ``prompt_lengths`` and ``scored`` (`scored_positions`, sum N); with `top_k`, also the target's `top_k`
-    most likely next tokens ``topk_ids`` (sum N, top_k; int32) and their log-probabilities over the whole vocabulary
-    ``topk_logprobs`` (float16), what ``--loss kl`` learns from. Returns ``(tokens, seconds, agreement of the stored
+    ``lengths``, ``prompt_lengths`` and ``scored`` (`scored_positions`, sum N). Returns ``(tokens, seconds, agreement of the stored
     answers with the labels)``.
     """
     tokens, seconds, same, answered = 0, 0.0, 0, 0
     names = ("features", "input_ids", "labels", "lengths", "prompt_lengths", "scored")
-    rows: dict[str, list] = {k: [] for k in names + (("topk_ids", "topk_logprobs") if top_k else ())}
+    rows: dict[str, list] = {k: [] for k in names}
     for i, sequence in enumerate(tqdm(sequences, desc=desc, leave=False)):
         (_, prompt, answer), spans = sequence, getattr(sequence, "spans", None)
         ids = torch.tensor([prompt + answer])
@@ -200,10 +192,6 @@ def write_features(
         rows["lengths"].append(ids.shape[1])
         rows["prompt_lengths"].append(len(prompt))
         rows["scored"].append(scored)
-        if top_k:
-            best = logits[0].float().log_softmax(-1).topk(top_k, dim=-1)
-            rows["topk_ids"].append(best.indices.to(torch.int32))
-            rows["topk_logprobs"].append(best.values.to(torch.float16))
         if len(rows["lengths"]) == chunk or i == len(sequences) - 1:
             tensors = {
                 k: torch.tensor(v) if k in ("lengths", "prompt_lengths") else torch.cat(v) for k, v in rows.items()
@@ -230,7 +218,6 @@ def cache_features(target, args, split: dict[str, list], layer_ids) -> dict:
         "sequences": {name: len(rows) for name, rows in split.items()},
         "chunk_sequences": args.chunk_sequences,
         "sequence_tasks": {name: task_runs(rows) for name, rows in split.items()},
-        "target_top_k": args.target_top_k,
     }
     if args.train_only_tasks:  # (absent: the settings of older caches)
         settings["train_only_tasks"] = sorted(args.train_only_tasks)
@@ -241,6 +228,7 @@ def cache_features(target, args, split: dict[str, list], layer_ids) -> dict:
     meta_path = folder / FEATURES_META
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text())
+        meta["settings"].pop("target_top_k", None)  # caches that also hold the removed KL loss's top-k: reusable
         if meta["settings"] == settings:
             print(f"features: reusing {folder}", flush=True)
             return meta
@@ -266,7 +254,6 @@ def cache_features(target, args, split: dict[str, list], layer_ids) -> dict:
             args.chunk_sequences,
             getattr(torch, args.feature_dtype),
             name,
-            args.target_top_k,
         )
         meta[name] = {"tokens": tokens, "seconds": seconds, "answers_match_labels": agreement}
         print(
@@ -315,13 +302,12 @@ def chunk_tasks(folder: Path, split: str) -> dict[str, list[str]]:
     return {path.name: tasks[int(path.stem.split("-")[1]) * size :][:size] for path in chunks(folder, split)}
 
 
-TOKEN_TENSORS = ("features", "input_ids", "labels", "scored", "topk_ids", "topk_logprobs")  # one row per position
+TOKEN_TENSORS = ("features", "input_ids", "labels", "scored")  # one row per position
 
 
 def read_chunk(path: Path) -> list[dict]:
-    """The sequences of one chunk file, each ``{"features", "input_ids", "labels", "prompt_length", "scored"}`` (and
-    ``"topk_ids"``, ``"topk_logprobs"`` when cached; chunks cached before ``scored`` was stored: from the prompt
-    length, as `scored_positions` without spans)."""
+    """The sequences of one chunk file, each ``{"features", "input_ids", "labels", "prompt_length", "scored"}`` (chunks
+    cached before ``scored`` was stored: from the prompt length, as `scored_positions` without spans)."""
     data = load_file(str(path))
     ends = data["lengths"].cumsum(0).tolist()
     rows = []
@@ -374,8 +360,7 @@ def sequence_index(folder: Path, split: str, task: str | None = None) -> list[tu
 
 def pad_batch(group: list[dict]) -> dict:
     """Sequences (`read_chunk`'s dicts) as one right-padded batch: ``features`` (B, N, k H), ``input_ids``,
-    ``labels``, ``scored`` (B, N; False past a sequence's end), ``topk_ids`` / ``topk_logprobs`` (B, N, K) when
-    cached, ``lengths`` and ``prompt_lengths`` (B,)."""
+    ``labels``, ``scored`` (B, N; False past a sequence's end), ``lengths`` and ``prompt_lengths`` (B,)."""
     width = max(len(s["input_ids"]) for s in group)
     batch = {
         "features": torch.zeros(len(group), width, group[0]["features"].shape[1]),
@@ -385,10 +370,6 @@ def pad_batch(group: list[dict]) -> dict:
         "lengths": torch.tensor([len(s["input_ids"]) for s in group]),
         "prompt_lengths": torch.tensor([s["prompt_length"] for s in group]),
     }
-    if all("topk_ids" in s for s in group):
-        k = group[0]["topk_ids"].shape[1]
-        batch["topk_ids"] = torch.zeros(len(group), width, k, dtype=torch.long)
-        batch["topk_logprobs"] = torch.full((len(group), width, k), float("-inf"))
     for row, s in enumerate(group):
         n = len(s["input_ids"])
         for key in batch:
@@ -515,56 +496,22 @@ def draft_index(head: FeatureHead) -> torch.Tensor:
     return index
 
 
-def restricted_kl(logits, topk_ids, topk_logprobs, t2d, draft_id) -> tuple[torch.Tensor, torch.Tensor]:
-    """``KL(p || q)`` per row of draft logits `logits` ``(R, Vd)``: ``p`` the target's distribution restricted to the
-    draft vocabulary and renormalised, from its cached top-k ``(R, K)`` (the mass outside the top k is dropped), ``q``
-    the head's softmax over the draft vocabulary. Returns the ``(R',)`` divergences of the rows whose top k hold a
-    draft token and that ``(R,)`` mask.
+def batch_loss(head: FeatureHead, batch: dict, steps: int) -> tuple[torch.Tensor, list]:
+    """The training objective ``sum_s 0.8^s * L_s`` and what each step got right.
 
-    Example (two draft tokens = target ids 0 and 2; the target's top 2 of row 0 are ids 2 and 5, 5 not drafted):
-        >>> t2d, draft_id = torch.tensor([True, False, True, False, False, False]), torch.tensor([0, 0, 1, 0, 0, 0])
-        >>> kl, rows = restricted_kl(torch.tensor([[0.0, 0.0]]), torch.tensor([[2, 5]]),
-        ...                          torch.tensor([[-0.1, -2.4]]), t2d, draft_id)
-        >>> round(float(kl[0]), 4), rows.tolist()  # p = (0, 1) on the draft tokens, q = (1/2, 1/2): KL = log 2
-        (0.6931, [True])
-    """
-    inside = t2d[topk_ids]
-    rows = inside.any(-1)
-    inside, ids = inside[rows], topk_ids[rows]
-    log_p = topk_logprobs[rows].float().masked_fill(~inside, float("-inf")).log_softmax(-1)
-    log_q = logits[rows].float().log_softmax(-1).gather(-1, draft_id[ids])
-    p = log_p.exp()  # 0 outside the draft vocabulary
-    return (p * (log_p.masked_fill(~inside, 0.0) - log_q)).sum(-1), rows
-
-
-def batch_loss(head: FeatureHead, batch: dict, steps: int, loss: str = "ce") -> tuple[torch.Tensor, dict, list]:
-    """The training objective ``sum_s 0.8^s * L_s``, both losses, and what each step got right.
-
-    ``L_s`` is, for `loss` ``"ce"``, the cross-entropy of step ``s`` against the target's greedy token over the
-    scored entries whose label is in the draft vocabulary; for ``"kl"``, the mean `restricted_kl` over the scored
-    entries (the batch must hold the cached top-k). Returns ``(objective, {"ce": ..., "kl": ...} (kl only with the
-    top-k cached), [(correct, scored), ...])``: per step, ``(B, N - 1 - s)`` masks of the entries whose top-1 is the
-    target's greedy token (every scored entry counts, labels outside the draft vocabulary as misses) and of the
-    scored ones."""
+    ``L_s`` is the cross-entropy of step ``s`` against the target's greedy token over the scored entries whose label
+    is in the draft vocabulary. Returns ``(objective, [(correct, scored), ...])``: per step, ``(B, N - 1 - s)`` masks
+    of the entries whose top-1 is the target's greedy token (every scored entry counts, labels outside the draft
+    vocabulary as misses) and of the scored ones."""
     t2d, draft_id = head.t2d.cpu(), draft_index(head)
-    with_topk = "topk_ids" in batch
-    losses = {"ce": torch.zeros(()), **({"kl": torch.zeros(())} if with_topk else {})}
-    outcome = []
+    loss, outcome = torch.zeros(()), []
     for step, logits in enumerate(unrolled_logits(head, batch["features"], batch["input_ids"], steps)):
         labels, mask = step_targets(batch, step, logits.shape[1])
         outcome.append((head.draft_to_target(logits.argmax(-1)) == labels, mask))
         trained = mask & t2d[labels]
         if trained.any():
-            ce = F.cross_entropy(logits[trained], draft_id[labels[trained]])
-            losses["ce"] = losses["ce"] + STEP_WEIGHT**step * ce
-        if with_topk and mask.any():
-            span = slice(1 + step, 1 + step + logits.shape[1])
-            kl, rows = restricted_kl(
-                logits[mask], batch["topk_ids"][:, span][mask], batch["topk_logprobs"][:, span][mask], t2d, draft_id
-            )
-            if rows.any():
-                losses["kl"] = losses["kl"] + STEP_WEIGHT**step * kl.mean()
-    return losses[loss], losses, outcome
+            loss = loss + STEP_WEIGHT**step * F.cross_entropy(logits[trained], draft_id[labels[trained]])
+    return loss, outcome
 
 
 def step_counts(outcome: list) -> torch.Tensor:
@@ -604,25 +551,20 @@ def ratio_se(hits: torch.Tensor, counts: torch.Tensor) -> float:
 
 @torch.no_grad()
 def evaluate(head: FeatureHead, folder: Path, args, task: str | None = None) -> dict:
-    """Held-out losses and, per training-time-test step, full and conditional top-1 agreement (`step_counts`) with
-    the target's greedy token, on `task`'s held-out sequences only when given. ``val_loss`` is always the
-    cross-entropy objective (comparable across ``--loss``), ``val_kl`` the KL one (with the top-k cached);
-    ``se_*`` the standard errors over held-out sequences (`ratio_se`); ``per_sequence`` ``[hits, scored]`` of step
+    """The held-out loss and, per training-time-test step, full and conditional top-1 agreement (`step_counts`) with
+    the target's greedy token, on `task`'s held-out sequences only when given. ``val_loss`` is the
+    training objective; ``se_*`` the standard errors over held-out sequences (`ratio_se`); ``per_sequence`` ``[hits, scored]`` of step
     0 and the conditional ones of step 1, per held-out sequence in cache order (for paired comparisons of runs)."""
     head.eval()
-    losses: dict[str, float] = {}
-    count, per_sequence = 0, []
+    loss, count, per_sequence = 0.0, 0, []
     for batch in batches(folder, "val", args.batch_size, None, task):
-        _, values, outcome = batch_loss(head, batch, args.ttt_steps)
-        for name, value in values.items():
-            losses[name] = losses.get(name, 0.0) + float(value)
+        value, outcome = batch_loss(head, batch, args.ttt_steps)
+        loss += float(value)
         count += 1
         per_sequence.append(step_counts(outcome))
     counts = torch.cat(per_sequence)  # (sequences, steps, 4)
     totals = counts.sum(0).tolist()
-    row = {"val_loss": losses.get("ce", 0.0) / max(count, 1)}
-    if "kl" in losses:
-        row["val_kl"] = losses["kl"] / max(count, 1)
+    row = {"val_loss": loss / max(count, 1)}
     for s, (hit, n, cond_hit, cond_n) in enumerate(totals):
         row[f"agreement_step{s}"] = hit / max(n, 1)
         if s:
@@ -678,16 +620,6 @@ def parse_args(argv=None):
         "random (`--init-head` continues the saved head's)",
     )
     p.add_argument(
-        "--loss", default="ce", choices=["ce", "kl"], help="hard labels, or KL to the target's distribution (top-k)"
-    )
-    p.add_argument("--target-top-k", type=int, default=32, help="the target's top-k log-probs cached per position")
-    p.add_argument(
-        "--feature-norm",
-        default="none",
-        choices=["none", "per-layer"],
-        help="per-layer: one RMSNorm per fused layer before fc (the head's `fc_norm`, saved with it)",
-    )
-    p.add_argument(
         "--train-only-tasks", nargs="*", default=[], help="stores trained on whole, never held out (e.g. sharegpt)"
     )
     p.add_argument("--feature-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
@@ -710,16 +642,8 @@ def parse_args(argv=None):
             p.error(f"`--{name.replace('_', '-')}` must be >= 1, but is {getattr(args, name)}.")
     if args.max_steps is not None and args.max_steps < 1:
         p.error(f"`--max-steps` must be >= 1, but is {args.max_steps}.")
-    for name in ("warmup", "target_top_k"):
-        if getattr(args, name) < 0:
-            p.error(f"`--{name.replace('_', '-')}` must be >= 0, but is {getattr(args, name)}.")
-    if args.loss == "kl" and args.target_top_k < 1:
-        p.error("`--loss kl` must come with `--target-top-k` >= 1 (the target's distribution it learns), but it is 0.")
-    if args.init_head is not None and args.feature_norm != "none":
-        p.error(
-            f"`--feature-norm` must be none with `--init-head` (the saved head's config is continued), but is "
-            f"{args.feature_norm!r}. Drop it."
-        )
+    if args.warmup < 0:
+        p.error(f"`--warmup` must be >= 0, but is {args.warmup}.")
     if args.lora_task and args.base_head is None:
         p.error("`--lora-task` must come with `--base-head DIR` (a head trained by this recipe), but it is missing.")
     unknown = sorted(set(args.lora_task) - set(args.tasks))
@@ -788,7 +712,7 @@ def train(head: FeatureHead, args, task: str | None = None) -> list[dict]:
         steps = min(n_batches, total_steps - done)
         bar = tqdm(stream, total=steps, desc=f"epoch {epoch}", mininterval=10)
         for count, batch in enumerate(bar, 1):
-            loss, _, _ = batch_loss(head, batch, args.ttt_steps, args.loss)
+            loss, _ = batch_loss(head, batch, args.ttt_steps)
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), args.clip)
@@ -868,12 +792,9 @@ def main(argv=None, target=None) -> dict:
     if args.lora_task:
         return train_adapters(args, target, split)
     extra = {} if args.intermediate_size is None else {"intermediate_size": args.intermediate_size}
-    extra["fc_norm"] = args.feature_norm == "per-layer"
     layer_ids = None if args.layer_ids is None else tuple(args.layer_ids)
     config = FeatureHeadConfig.for_target(target, layer_ids=layer_ids, draft_vocab_size=args.draft_vocab_size, **extra)
     meta = cache_features(target, args, split, config.layer_ids)
-    if args.loss == "kl" and not meta["settings"].get("target_top_k"):
-        raise SystemExit(f"`--loss kl` needs the target's top-k in the feature cache, but {args.work_dir} has none.")
     if args.init_head is None:
         head = FeatureHead(config, target.get_input_embeddings(), dtype=torch.float32)
         head.set_vocab_map(draft_vocabulary(args.work_dir, config.vocab_size, config.draft_vocab_size))
