@@ -93,6 +93,11 @@ def test_the_new_options_run_end_to_end_and_save_a_head_that_drafts_as_trained(t
     head = load_feature_head(tmp_path / "head", target)
     rows = target.lm_head.weight[head.draft_to_target(torch.arange(48))]
     torch.testing.assert_close(head.lm_head.weight, rows)
+    # a cache written when the recipe also stored the target's top-k (the removed KL loss) is reused as it is
+    meta_path = tmp_path / "work" / "features.json"
+    meta = train.json.loads(meta_path.read_text())
+    meta["settings"]["target_top_k"] = 32
+    meta_path.write_text(train.json.dumps(meta))
     # the LM head from the target's rows, fine-tuned: it moves
     tuned_argv = [*common, "--lm-head", "target", "--max-steps", "5", "--out", str(tmp_path / "tuned")]
     tuned = train.main(tuned_argv, target=target)
