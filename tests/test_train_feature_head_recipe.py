@@ -99,12 +99,15 @@ def test_the_new_options_run_end_to_end_and_save_a_head_that_drafts_as_trained(t
     meta["settings"]["target_top_k"] = 32
     meta_path.write_text(train.json.dumps(meta))
     # the LM head from the target's rows, fine-tuned: it moves
-    tuned_argv = [*common, "--lm-head", "target", "--max-steps", "5", "--out", str(tmp_path / "tuned")]
+    tuned_argv = [*common, "--lm-head", "target", "--max-steps", "5", "--autocast", "bfloat16"]
+    tuned_argv += ["--out", str(tmp_path / "tuned")]
     tuned = train.main(tuned_argv, target=target)
     assert tuned["features"] == record["features"]  # the same cache, reused
     assert [e["steps"] for e in tuned["epochs"]] == [4, 5]  # 4 batches an epoch, stopped after 5 steps
     moved = load_feature_head(tmp_path / "tuned", target)
     assert not torch.equal(moved.lm_head.weight, rows)
+    assert moved.lm_head.weight.dtype == torch.float32  # autocast passes, float32 weights
+    assert tuned["epochs"][-1]["val_loss"] < tuned["untrained"]["val_loss"]  # it learns under autocast too
 
 
 @pytest.mark.parametrize(

@@ -23,8 +23,8 @@ those tokens are the scored ones; without it, every position from the last promp
    holds when it drafts ``s`` tokens after committing entries ``0 .. c`` (`unrolled_logits`; a test checks it against
    the head's cached passes). Step ``s`` of entry ``c`` is scored against the target's greedy token at position
    ``c + 1 + s`` on answer positions only (the scored positions above), weighted by ``0.8 ** s``: the
-   cross-entropy over the draft vocabulary (labels outside it are skipped). AdamW (``--betas``),
-   gradient clipping (``--clip``), ``--lr`` after ``--warmup`` linear steps, then constant or ``--schedule cosine``
+   cross-entropy over the draft vocabulary (labels outside it are skipped). AdamW (``--betas``; float32 weights,
+   the passes under ``--autocast bfloat16`` where the CPU has bfloat16 matrix units), gradient clipping (``--clip``), ``--lr`` after ``--warmup`` linear steps, then constant or ``--schedule cosine``
    (`lr_factor`). Batches: ``--shuffle chunk`` (the chunks in random order, shuffled within each; as the cache is
    written task by task, most batches hold one task) or ``global`` (every training sequence in one random order).
    ``--lm-head target`` / ``target-frozen`` starts the LM head from the target's LM head rows of the draft vocabulary
@@ -510,7 +510,7 @@ def batch_loss(head: FeatureHead, batch: dict, steps: int) -> tuple[torch.Tensor
         outcome.append((head.draft_to_target(logits.argmax(-1)) == labels, mask))
         trained = mask & t2d[labels]
         if trained.any():
-            loss = loss + STEP_WEIGHT**step * F.cross_entropy(logits[trained], draft_id[labels[trained]])
+            loss = loss + STEP_WEIGHT**step * F.cross_entropy(logits[trained].float(), draft_id[labels[trained]])
     return loss, outcome
 
 
@@ -623,6 +623,12 @@ def parse_args(argv=None):
         "--train-only-tasks", nargs="*", default=[], help="stores trained on whole, never held out (e.g. sharegpt)"
     )
     p.add_argument("--feature-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument(
+        "--autocast",
+        default="none",
+        choices=["none", "bfloat16"],
+        help="training passes under CPU autocast to bfloat16 (float32 weights; held-out figures in float32)",
+    )
     p.add_argument("--chunk-sequences", type=int, default=64, help="sequences per feature file")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the target's dtype")
     p.add_argument("--seed", type=int, default=0)
@@ -689,8 +695,9 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
 
 def train(head: FeatureHead, args, task: str | None = None) -> list[dict]:
     """``--epochs`` epochs (at most ``--max-steps`` optimizer steps) of AdamW (``--betas``, ``--lr`` on the
-    ``--warmup`` / ``--schedule`` shape of `lr_factor`) on the head's trainable parameters (the whole head but a frozen LM head, or an adapter), on `task`'s training
-    sequences only when given; one row per epoch (train loss, speed, held-out metrics on the same task; the last
+    ``--warmup`` / ``--schedule`` shape of `lr_factor`) on the head's trainable parameters (the whole head but a
+    frozen LM head, or an adapter), the forward and backward passes under ``--autocast`` (float32 weights and
+    optimizer either way), on `task`'s training sequences only when given; one row per epoch (train loss, speed, held-out metrics on the same task; the last
     row keeps `evaluate`'s ``per_sequence``)."""
     optimizer = torch.optim.AdamW(
         [p for p in head.parameters() if p.requires_grad],
@@ -712,7 +719,8 @@ def train(head: FeatureHead, args, task: str | None = None) -> list[dict]:
         steps = min(n_batches, total_steps - done)
         bar = tqdm(stream, total=steps, desc=f"epoch {epoch}", mininterval=10)
         for count, batch in enumerate(bar, 1):
-            loss, _ = batch_loss(head, batch, args.ttt_steps)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast == "bfloat16"):
+                loss, _ = batch_loss(head, batch, args.ttt_steps)
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), args.clip)
