@@ -23,9 +23,9 @@ Example (two runs, three held-out sequences):
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
 
@@ -58,16 +58,19 @@ def row(path: Path, reference: Path | None) -> str:
     return line + f" {d0:+.3f} ± {s0:.3f} / {d1:+.3f} ± {s1:.3f} vs {reference.stem} |"
 
 
-def main(argv: list[str]) -> str:
+def main(argv: list[str] | None = None) -> str:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", help="RUN or RUN:REFERENCE, each a training_record.json")
+    args = p.parse_args(argv)
     lines = [
         "| run | step 0 | cond. step 1 | full step 1 | cond. step 2 | val loss | train wall | paired diff (step 0 / cond. 1) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for spec in argv:
+    for spec in args.runs:
         run, _, ref = spec.partition(":")
         lines.append(row(Path(run), Path(ref) if ref else None))
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    print(main(sys.argv[1:]))
+    print(main())
