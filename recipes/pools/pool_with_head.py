@@ -2,8 +2,8 @@
 ``hf-metasd bench --pool``: how docs/benchmarks.md measures a head inside `generate`.
 
 The embedded pool's drafters, policy, reward, draft length and priors are kept; the head (a folder of `save_head`,
-e.g. `train_feature_head.py`'s ``--out``) joins as the arm ``head`` with no prior. The pool is validated by
-`DrafterPool` and saved with `save_pretrained` (the head with it).
+e.g. `train_feature_head.py`'s ``--out``, or speculators' layout; `load_feature_head` checks it) joins as the arm
+``head`` with no prior. The pool is validated by `DrafterPool` and saved with `save_pretrained` (the head with it).
 
 Run from the repository root::
 
@@ -30,11 +30,9 @@ from hf_metasd.pool import DrafterPool  # noqa: E402
 
 def main(argv=None) -> DrafterPool:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("head", type=Path, help="a feature head folder (`save_head`'s layout)")
+    p.add_argument("head", type=Path, help="a feature head folder (`save_head`'s or speculators' layout)")
     p.add_argument("out", type=Path, help="where the pool is saved")
     args = p.parse_args(argv)
-    if not (args.head / "feature_head_config.json").is_file():
-        p.error(f"`head` must be a feature head folder holding feature_head_config.json, but is {args.head}.")
     target, tokenizer = load_default_target(torch.float32)
     embedded = load_embedded_pool(target)
     head = FeatureHeadDrafter(load_feature_head(str(args.head), target), name="head")

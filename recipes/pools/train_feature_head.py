@@ -24,9 +24,10 @@ those tokens are the scored ones; without it, every position from the last promp
    the head's cached passes). Step ``s`` of entry ``c`` is scored against the target's greedy token at position
    ``c + 1 + s`` on answer positions only (the scored positions above), weighted by ``0.8 ** s``: the
    cross-entropy over the draft vocabulary (labels outside it are skipped). AdamW (``--betas``; float32 weights,
-   the passes under ``--autocast bfloat16`` where the CPU has bfloat16 matrix units), gradient clipping (``--clip``), ``--lr`` after ``--warmup`` linear steps, then constant or ``--schedule cosine``
-   (`lr_factor`). Batches: ``--shuffle chunk`` (the chunks in random order, shuffled within each; as the cache is
-   written task by task, most batches hold one task) or ``global`` (every training sequence in one random order).
+   the passes under ``--autocast bfloat16`` where the CPU has bfloat16 matrix units), gradient clipping
+   (``--clip``), ``--lr`` after ``--warmup`` linear steps, then constant or ``--schedule cosine`` (`lr_factor`).
+   Batches: ``--shuffle chunk`` (the chunks in random order, shuffled within each; as the cache is written task by
+   task, most batches hold one task) or ``global`` (every training sequence in one random order).
    ``--lm-head target`` / ``target-frozen`` starts the LM head from the target's LM head rows of the draft vocabulary
    (fine-tuned / frozen), as speculators does. Two more options were measured and removed (docs/benchmarks.md,
    "Feature-head recipe ablation"): a KL loss against the target's cached top-k distribution (level with the
@@ -62,6 +63,7 @@ generate_task_outputs.py on 2 cores) took 84 s: the target pass ~420 tokens/s, t
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import random
@@ -168,8 +170,8 @@ def scored_positions(length: int, prompt_length: int, spans: list | None) -> tor
 def write_features(target, sequences: list, layer_ids, folder: Path, split: str, chunk: int, dtype, desc: str):
     """One target pass per sequence; chunks of `chunk` sequences as ``<split>-NNNNN.safetensors`` holding the
     concatenated ``features`` (sum N, k H), ``input_ids`` and ``labels`` (the target's greedy next token, sum N),
-    ``lengths``, ``prompt_lengths`` and ``scored`` (`scored_positions`, sum N). Returns ``(tokens, seconds, agreement of the stored
-    answers with the labels)``.
+    ``lengths``, ``prompt_lengths`` and ``scored`` (`scored_positions`, sum N). Returns ``(tokens, seconds,
+    agreement of the stored answers with the labels)``.
     """
     tokens, seconds, same, answered = 0, 0.0, 0, 0
     names = ("features", "input_ids", "labels", "lengths", "prompt_lengths", "scored")
@@ -552,9 +554,10 @@ def ratio_se(hits: torch.Tensor, counts: torch.Tensor) -> float:
 @torch.no_grad()
 def evaluate(head: FeatureHead, folder: Path, args, task: str | None = None) -> dict:
     """The held-out loss and, per training-time-test step, full and conditional top-1 agreement (`step_counts`) with
-    the target's greedy token, on `task`'s held-out sequences only when given. ``val_loss`` is the
-    training objective; ``se_*`` the standard errors over held-out sequences (`ratio_se`); ``per_sequence`` ``[hits, scored]`` of step
-    0 and the conditional ones of step 1, per held-out sequence in cache order (for paired comparisons of runs)."""
+    the target's greedy token, on `task`'s held-out sequences only when given. ``val_loss`` is the training
+    objective; ``se_*`` the standard errors over held-out sequences (`ratio_se`); ``per_sequence`` ``[hits,
+    scored]`` of step 0 and the conditional ones of step 1, per held-out sequence in cache order (for paired
+    comparisons of runs)."""
     head.eval()
     loss, count, per_sequence = 0.0, 0, []
     for batch in batches(folder, "val", args.batch_size, None, task):
@@ -697,8 +700,8 @@ def train(head: FeatureHead, args, task: str | None = None) -> list[dict]:
     """``--epochs`` epochs (at most ``--max-steps`` optimizer steps) of AdamW (``--betas``, ``--lr`` on the
     ``--warmup`` / ``--schedule`` shape of `lr_factor`) on the head's trainable parameters (the whole head but a
     frozen LM head, or an adapter), the forward and backward passes under ``--autocast`` (float32 weights and
-    optimizer either way), on `task`'s training sequences only when given; one row per epoch (train loss, speed, held-out metrics on the same task; the last
-    row keeps `evaluate`'s ``per_sequence``)."""
+    optimizer either way), on `task`'s training sequences only when given; one row per epoch (train loss, speed,
+    held-out metrics on the same task; the last row keeps `evaluate`'s ``per_sequence``)."""
     optimizer = torch.optim.AdamW(
         [p for p in head.parameters() if p.requires_grad],
         lr=args.lr,
@@ -717,7 +720,7 @@ def train(head: FeatureHead, args, task: str | None = None) -> list[dict]:
         start, total, entries = time.perf_counter(), 0.0, 0
         stream = batches(args.work_dir, "train", args.batch_size, rng, task, args.shuffle)
         steps = min(n_batches, total_steps - done)
-        bar = tqdm(stream, total=steps, desc=f"epoch {epoch}", mininterval=10)
+        bar = tqdm(itertools.islice(stream, steps), total=steps, desc=f"epoch {epoch}", mininterval=10)
         for count, batch in enumerate(bar, 1):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast == "bfloat16"):
                 loss, _ = batch_loss(head, batch, args.ttt_steps)
@@ -729,9 +732,7 @@ def train(head: FeatureHead, args, task: str | None = None) -> list[dict]:
             total += float(loss.detach())
             entries += int((batch["lengths"] - 1).sum())
             bar.set_postfix(loss=f"{total / count:.3f}")
-            done += 1
-            if count == steps:
-                break
+        done += steps
         seconds = time.perf_counter() - start
         row = {
             "epoch": epoch,

@@ -9,9 +9,10 @@ linearised ratio estimator over the same sequences::
 
 (the held-out sampling noise only: a second training order measures the run-to-run noise; docs/benchmarks.md).
 
-Run from the repository root, ``RUN`` or ``RUN:REFERENCE``, each a record file::
+Arguments ``RUN`` or ``RUN:REFERENCE``, each a record file; from the repository root::
 
-    python recipes/studies/feature_head_ablation.py docs/assets/bench/feature_head_ablation/{A-baseline,E-kl:D-lmhead-tuned}.json
+    cd docs/assets/bench/feature_head_ablation
+    python ../../../../recipes/studies/feature_head_ablation.py A-baseline.json E-kl.json:D-lmhead-tuned.json
 
 Example (two runs, three held-out sequences):
     >>> a = [[2, 4, 1, 2], [3, 4, 1, 3], [1, 4, 0, 1]]
@@ -63,7 +64,8 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("runs", nargs="+", help="RUN or RUN:REFERENCE, each a training_record.json")
     args = p.parse_args(argv)
     lines = [
-        "| run | step 0 | cond. step 1 | full step 1 | cond. step 2 | val loss | train wall | paired diff (step 0 / cond. 1) |",
+        "| run | step 0 | cond. step 1 | full step 1 | cond. step 2 | val loss | train wall "
+        "| paired diff (step 0 / cond. 1) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for spec in args.runs:
