@@ -468,6 +468,9 @@ def test_train_feature_head_trains_one_adapter_per_task_on_that_tasks_sequences(
     last, base = code["epochs"][-1], code["base"]  # the adapter learns its task, and it carries to held-out sequences
     assert last["train_loss"] < code["epochs"][0]["train_loss"] - 1 and last["val_loss"] < base["val_loss"]
     assert last["agreement_step0"] + last["agreement_step1"] > base["agreement_step0"] + base["agreement_step1"] + 0.1
+    gain, se = code["paired_step0"]  # kept: its step-0 gain is beyond two standard errors of the paired difference
+    assert gain == pytest.approx(last["agreement_step0"] - base["agreement_step0"]) and gain > 2 * se
+    assert code["kept"] is True and len(code["paired_conditional_step1"]) == 2
     assert _files(tmp_path / "adapted") == [
         "adapters/code/adapter_config.json", "adapters/code/adapter_model.safetensors", "feature_head.safetensors",
         "feature_head_config.json", "training_record.json",
@@ -498,6 +501,18 @@ def test_train_feature_head_trains_one_adapter_per_task_on_that_tasks_sequences(
     meta["settings"]["tasks"] = ["code", "qa"]
     (tmp_path / "work/features.json").write_text(json.dumps(meta))
     assert not train.cached_in_order(tmp_path / "work", train.read_stores(stores, ["qa", "code"], None, 2))
+
+    # an adapter that does not beat the base head beyond the noise is reported and dropped, not saved
+    capsys.readouterr()
+    dropped = train.main([*lora, "--out", str(tmp_path / "dropped"), "--lora-task", "qa", "--lr", "1e-12"],
+                         target=target)  # fmt: skip
+    qa = dropped["tasks"]["qa"]
+    assert qa["kept"] is False and qa["paired_step0"] == [0.0, 0.0]
+    assert qa["epochs"][-1]["agreement_step0"] == qa["base"]["agreement_step0"]
+    assert "qa: step 0 " in (out := capsys.readouterr().out) and "dropped (not above 2 standard errors)" in out
+    assert "saved the head, adapters/{} and" in out
+    assert _files(tmp_path / "dropped") == ["feature_head.safetensors", "feature_head_config.json",
+                                            "training_record.json"]  # fmt: skip
 
     torch.save({"prompts": [[1, 2]] * 2, "outputs": [[3, 4]] * 2}, stores / "math.pt")  # held-out sequences only
     with pytest.raises(

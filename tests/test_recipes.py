@@ -197,6 +197,45 @@ def test_acceptance_matrix_merged_corpus_holds_every_tasks_documents_cut_like_ea
 
 
 # ======================================================================================================================
+# pools/generate_task_outputs.py
+# ======================================================================================================================
+def test_generate_task_outputs_answers_the_first_user_turns_of_a_conversation_store(tmp_path, monkeypatch):
+    import types
+
+    import pytest
+    import torch
+    from conftest import greedy, tiny_llama
+
+    tasks = recipe("pools.generate_task_outputs")
+    target = tiny_llama(0, layers=2)
+    conversations = {
+        "prompts": [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10], [20, 21, 22, 23, 24, 25, 26, 27]],
+        "outputs": [[11, 12], [13], [28]],
+        "answer_spans": [[[3, 5], [6, 8]], [[2, 5]], [[7, 9]]],  # the third's first turn (7 tokens) is too long
+    }
+    torch.save(conversations, tmp_path / "talk.pt")
+    loads = []
+    monkeypatch.setattr(
+        tasks, "load_models", lambda *a: loads.append(a) or (target, types.SimpleNamespace(eos_token_id=95))
+    )
+    argv = ["--prompts-store", str(tmp_path / "talk.pt"), "--out", str(tmp_path / "out"), "--max-new-tokens", "6"]
+    tasks.main([*argv, "--max-prompt-tokens", "6", "--threads", "1"])
+    written = torch.load(tmp_path / "out/talk_own.pt")
+    assert written["prompts"] == [[1, 2, 3], [7, 8]] and written["dtype"] == "float32"
+    for prompt, output in zip(written["prompts"], written["outputs"], strict=True):
+        plain = greedy(target, torch.tensor([prompt]), 6, eos_token_id=95, pad_token_id=95)[0, len(prompt) :].tolist()
+        assert output == plain[: plain.index(95) + 1 if 95 in plain else 6]  # the target's own greedy answer
+
+    del conversations["answer_spans"]  # refused by name, before the target loads
+    torch.save(conversations, tmp_path / "plain.pt")
+    loads.clear()
+    with pytest.raises(SystemExit, match=r"`--prompts-store` must hold `answer_spans` \(a store of sharegpt_data.py\), "
+                       r"but holds \['outputs', 'prompts'\]\. Pass such a store"):  # fmt: skip
+        tasks.main(["--prompts-store", str(tmp_path / "plain.pt"), "--out", str(tmp_path / "out")])
+    assert loads == []
+
+
+# ======================================================================================================================
 # pools/train_feature_head.py
 # ======================================================================================================================
 def _feature_head_stores(folder, target, tasks=("code", "qa"), per_task=10, answer_tokens=24):

@@ -15,6 +15,16 @@ root::
     python recipes/pools/generate_task_outputs.py --tasks code --max-prompts-per-task 40
     python recipes/pools/generate_task_outputs.py --models qwen --max-prompts-per-task 16 --max-new-tokens 64 --batch-size 16
 
+``--prompts-store STORE`` answers other prompts instead of the tasks': the first user turn of each conversation of a
+store with ``answer_spans`` (`recipes/pools/sharegpt_data.py`'s ``sharegpt.pt``: everything before its first
+answer, system turn and assistant header included; `first_turns`), the first ``--max-prompts-per-task`` of them
+that fit ``--max-prompt-tokens``, into ``--out/<store name>_own.pt``: the target's own answers to public
+conversations' questions, for `train_feature_head.py` (``--tasks ... sharegpt_own --train-only-tasks
+sharegpt_own``)::
+
+    python recipes/pools/generate_task_outputs.py --dtype bfloat16 --prompts-store artifacts/sharegpt/sharegpt.pt \
+        --max-prompts-per-task 1500 --max-new-tokens 256
+
 ``--models qwen`` answers with Qwen2.5-Coder-1.5B-Instruct (the ``--models qwen`` bench's target; its own tokenizer, so
 its own dev split) into ``artifacts/task-outputs-qwen`` unless ``--out`` says otherwise: the corpus of the qwen pool's
 ``corpus_all`` arm (built by `recipes/pools/build_qwen_corpus.py`).
@@ -54,6 +64,28 @@ def dev_prompts(data_dir: Path, tokenizer, per_task: int) -> list[torch.Tensor]:
         for task in TASKS
         for _, ids in task_split(data_dir, task, tokenizer, 0, 10, 768)[0][:per_task]
     ]
+
+
+def first_turns(store: dict, max_prompt_tokens: int) -> list[list[int]]:
+    """The first user turn of each conversation of `store` (``"prompts"``, ``"outputs"``, ``"answer_spans"``), in
+    order: its tokens before the first answer span; turns longer than `max_prompt_tokens` are left out.
+
+    Example:
+        >>> store = {"prompts": [[1, 2, 3, 4], [5, 6]], "outputs": [[7], [8, 9]], "answer_spans": [[[2, 5]], [[3, 4]]]}
+        >>> first_turns(store, 8), first_turns(store, 2)
+        ([[1, 2], [5, 6, 8]], [[1, 2]])
+    """
+    if not store.get("answer_spans"):
+        raise SystemExit(
+            f"`--prompts-store` must hold `answer_spans` (a store of sharegpt_data.py), but holds {sorted(store)}. "
+            "Pass such a store, or answer the tasks' prompts without `--prompts-store`."
+        )
+    turns = []
+    for prompt, output, spans in zip(store["prompts"], store["outputs"], store["answer_spans"], strict=True):
+        first = (list(prompt) + list(output))[: spans[0][0]]
+        if len(first) <= max_prompt_tokens:
+            turns.append(first)
+    return turns
 
 
 @torch.no_grad()
@@ -104,6 +136,12 @@ def parse_args(argv=None):
     )
     p.add_argument("--out", type=Path, default=None, help="default: artifacts/task-outputs (qwen: task-outputs-qwen)")
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
+    p.add_argument(
+        "--prompts-store",
+        type=Path,
+        default=None,
+        help="answer the first user turns of this store's conversations (sharegpt_data.py's) instead of the tasks'",
+    )
     p.add_argument("--max-prompts-per-task", type=int, default=400)
     p.add_argument("--max-prompt-tokens", type=int, default=768)
     p.add_argument("--max-new-tokens", type=int, default=192)
@@ -118,17 +156,21 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    todo: dict[str, list] = {}
+    if args.prompts_store is not None:  # checked before the target loads
+        turns = first_turns(torch.load(args.prompts_store), args.max_prompt_tokens)
+        todo[f"{args.prompts_store.stem}_own"] = turns[: args.max_prompts_per_task]
     target, tokenizer = load_models(args.models, args.dtype, args.threads)  # sets torch's threads too
     if args.out is None:
         args.out = (
             REPO_ROOT / "artifacts" / ("task-outputs" if args.models == "smollm2" else f"task-outputs-{args.models}")
         )
     args.out.mkdir(parents=True, exist_ok=True)
-    todo: dict[str, list] = {}
-    stores: dict[str, dict] = {}
-    for task in args.tasks:
+    for task in () if todo else args.tasks:
         _, train = task_split(args.data_dir, task, tokenizer, args.seed, args.val_prompts, args.max_prompt_tokens)
         todo[task] = [ids for _, ids in train[: args.max_prompts_per_task]]
+    stores: dict[str, dict] = {}
+    for task in todo:
         path = args.out / f"{task}.pt"
         stores[task] = torch.load(path) if path.is_file() else {"prompts": [], "outputs": [], "seconds": 0.0}
         made_in = stores[task].setdefault("dtype", args.dtype if not stores[task]["prompts"] else "float32")
@@ -138,8 +180,8 @@ def main(argv=None) -> None:
                 "Pass that dtype, or another `--out`."
             )
     # one chunk of every task in turn, so that a partial run already covers every task
-    while any(len(stores[t]["prompts"]) < len(todo[t]) for t in args.tasks):
-        for task in args.tasks:
+    while any(len(stores[t]["prompts"]) < len(todo[t]) for t in todo):
+        for task in todo:
             store, done = stores[task], len(stores[task]["prompts"])
             chunk = todo[task][done : done + args.chunk]
             if not chunk:

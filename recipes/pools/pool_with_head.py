@@ -3,7 +3,9 @@
 
 The embedded pool's drafters, policy, reward, draft length and priors are kept; the head (a folder of `save_head`,
 e.g. `train_feature_head.py`'s ``--out``, or speculators' layout; `load_feature_head` checks it) joins as the arm
-``head`` with no prior. The pool is validated by `DrafterPool` and saved with `save_pretrained` (the head with it).
+``head`` with no prior, and each per-task adapter under ``<head>/adapters/<task>/`` (the kept adapters of
+``train_feature_head.py --lora-task``) as one more arm ``head_<task>`` sharing the head. The pool is validated by
+`DrafterPool` and saved with `save_pretrained` (the head and its adapters with it).
 
 Run from the repository root::
 
@@ -24,7 +26,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from hf_metasd.benchmark.offline import load_default_target, load_embedded_pool  # noqa: E402
 from hf_metasd.drafters import FeatureHeadDrafter  # noqa: E402
-from hf_metasd.feature_head import load_feature_head  # noqa: E402
+from hf_metasd.feature_head import load_adapter, load_feature_head  # noqa: E402
 from hf_metasd.pool import DrafterPool  # noqa: E402
 
 
@@ -35,9 +37,14 @@ def main(argv=None) -> DrafterPool:
     args = p.parse_args(argv)
     target, tokenizer = load_default_target(torch.float32)
     embedded = load_embedded_pool(target)
-    head = FeatureHeadDrafter(load_feature_head(str(args.head), target), name="head")
+    head = load_feature_head(str(args.head), target)
+    adapters = sorted(p.name for p in (args.head / "adapters").glob("*") if p.is_dir())
+    for task in adapters:
+        load_adapter(head, args.head / "adapters" / task, task)
+    arms = [FeatureHeadDrafter(head, name="head")]
+    arms += [FeatureHeadDrafter(head, adapter=task, name=f"head_{task}") for task in adapters]
     pool = DrafterPool(
-        [*embedded.drafters, head],
+        [*embedded.drafters, *arms],
         target=target,
         policy=embedded.policy,
         policy_kwargs=embedded.policy_kwargs,

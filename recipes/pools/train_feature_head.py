@@ -43,9 +43,11 @@ those tokens are the scored ones; without it, every position from the last promp
    loaded and frozen, and for each task a LoRA adapter (`hf_metasd.feature_head.add_adapter`: rank ``--lora-rank`` on
    the decoder layer's projections) is trained with the same training-time-test loss on that task's training
    sequences only (the cache records the task of every sequence: ``sequence_tasks`` in `features.json`'s settings).
-   Reports the held-out agreement on that task's held-out sequences for the base head and the adapted head; saves
-   the base head and ``adapters/<task>/`` to ``--out`` (default ``artifacts/feature-head-adapters``), the layout a
-   pool stores a head with adapter arms in. A pool from it: ``head = load_feature_head(out, target)``, then
+   Reports the held-out agreement on that task's held-out sequences for the base head and the adapted head, and
+   their paired difference (`paired_difference`); an adapter is **kept** only where its step-0 gain exceeds
+   ``KEEP_STANDARD_ERRORS`` (2) standard errors of that difference, beyond the validation noise. Saves the base head
+   and ``adapters/<task>/`` of the kept tasks to ``--out`` (default ``artifacts/feature-head-adapters``), the layout
+   a pool stores a head with adapter arms in; the record holds every task's figures and ``kept``. A pool from it: ``head = load_feature_head(out, target)``, then
    ``load_adapter(head, out / "adapters" / task, task)`` per task and ``FeatureHeadDrafter.arms(head)`` (the base
    head and one arm per adapter). The features must be cached with the base head's layers (the same ``--work-dir``,
    ``--tasks`` and sequence settings as the head's run reuse its cache).
@@ -98,6 +100,9 @@ from recipes.pools.train_drafters import TASKS  # noqa: E402
 FEATURES_META = "features.json"
 RECORD_NAME = "training_record.json"
 STEP_WEIGHT = 0.8
+KEEP_STANDARD_ERRORS = 2.0  # an adapter is kept when its paired step-0 gain over the base head exceeds this many
+# standard errors on its task's held-out sequences (`paired_difference`; 2: about one chance in 40 that a useless
+# adapter passes)
 
 
 # ======================================================================================================================
@@ -551,6 +556,35 @@ def ratio_se(hits: torch.Tensor, counts: torch.Tensor) -> float:
     return float(((hits - ratio * counts).pow(2).sum() * m / (m - 1)).sqrt() / counts.sum())
 
 
+def paired_difference(a: list, b: list, cols: tuple[int, int]) -> tuple[float, float]:
+    """``r_a - r_b`` of two runs' ratios over the same held-out sequences and its standard error, from
+    `evaluate`'s ``per_sequence`` rows; `cols` = (hits, scored) (``(0, 1)`` step 0, ``(2, 3)`` conditional step 1).
+
+    With ``r = sum(h) / sum(n)`` per run, the linearised ratio estimator's error over the ``m`` shared sequences::
+
+        e_i = (h_ai - r_a n_ai) / sum(n_a) - (h_bi - r_b n_bi) / sum(n_b),   se = sqrt(m / (m - 1) * sum_i e_i ** 2)
+
+    (the held-out sampling noise only: a second training order measures the run-to-run noise; docs/benchmarks.md);
+    NaN and NaN where a run scored nothing.
+
+    Example (two runs, three held-out sequences):
+        >>> a = [[2, 4, 1, 2], [3, 4, 1, 3], [1, 4, 0, 1]]
+        >>> b = [[1, 4, 1, 1], [2, 4, 1, 2], [1, 4, 0, 1]]
+        >>> d, se = paired_difference(a, b, (0, 1))
+        >>> round(d, 3), round(se, 3)
+        (0.167, 0.083)
+    """
+    ha, na = [r[cols[0]] for r in a], [r[cols[1]] for r in a]
+    hb, nb = [r[cols[0]] for r in b], [r[cols[1]] for r in b]
+    if len(ha) != len(hb) or len(ha) < 2:
+        raise ValueError(f"both runs must hold the same >= 2 held-out sequences, but hold {len(ha)} and {len(hb)}.")
+    if not sum(na) or not sum(nb):  # e.g. no entry of conditional step 1 whose step 0 was right
+        return float("nan"), float("nan")
+    ra, rb = sum(ha) / sum(na), sum(hb) / sum(nb)
+    e = [(h1 - ra * n1) / sum(na) - (h2 - rb * n2) / sum(nb) for h1, n1, h2, n2 in zip(ha, na, hb, nb, strict=True)]
+    return ra - rb, math.sqrt(sum(x * x for x in e) * len(e) / (len(e) - 1))
+
+
 @torch.no_grad()
 def evaluate(head: FeatureHead, folder: Path, args, task: str | None = None) -> dict:
     """The held-out loss and, per training-time-test step, full and conditional top-1 agreement (`step_counts`) with
@@ -766,12 +800,29 @@ def train_adapters(args, target, split: dict[str, list]) -> dict:
     for task in args.lora_task:
         set_active_adapter(head, None)
         base = evaluate(head, args.work_dir, args, task)
-        base.pop("per_sequence")
-        print(f"{task}: base head {base}", flush=True)
+        shown = {k: v for k, v in base.items() if k != "per_sequence"}
+        print(f"{task}: base head {shown}", flush=True)
         add_adapter(head, task, r=args.lora_rank)  # active and trainable; the head and other adapters frozen
         epochs = train(head, args, task)
-        save_adapter(head, task, args.out / "adapters" / task)
-        tasks[task] = {"sequences": counts[task], "base": base, "epochs": epochs}
+        step0 = paired_difference(epochs[-1]["per_sequence"], base["per_sequence"], (0, 1))
+        step1 = paired_difference(epochs[-1]["per_sequence"], base["per_sequence"], (2, 3))
+        kept = step0[0] > KEEP_STANDARD_ERRORS * step0[1]
+        if kept:
+            save_adapter(head, task, args.out / "adapters" / task)
+        print(
+            f"{task}: step 0 {base['agreement_step0']:.3f} -> {epochs[-1]['agreement_step0']:.3f} (paired "
+            f"{step0[0]:+.3f} ± {step0[1]:.3f}), conditional step 1 {step1[0]:+.3f} ± {step1[1]:.3f}: "
+            + ("kept" if kept else f"dropped (not above {KEEP_STANDARD_ERRORS:g} standard errors), not saved"),
+            flush=True,
+        )
+        tasks[task] = {
+            "sequences": counts[task],
+            "base": base,
+            "epochs": epochs,
+            "paired_step0": list(step0),
+            "paired_conditional_step1": list(step1),
+            "kept": kept,
+        }
     set_active_adapter(head, None)
     save_head(head.eval(), args.out)  # the base head's own weights, beside its adapters
     record = {
@@ -782,7 +833,8 @@ def train_adapters(args, target, split: dict[str, list]) -> dict:
         "tasks": tasks,
     }
     (args.out / RECORD_NAME).write_text(json.dumps(record, indent=2, sort_keys=True))
-    print(f"saved the head, adapters/{{{','.join(args.lora_task)}}} and {RECORD_NAME} to {args.out}", flush=True)
+    kept = [task for task in args.lora_task if tasks[task]["kept"]]
+    print(f"saved the head, adapters/{{{','.join(kept)}}} and {RECORD_NAME} to {args.out}", flush=True)
     return record
 
 

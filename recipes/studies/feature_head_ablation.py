@@ -3,42 +3,26 @@
 Reads the ``training_record.json`` of `recipes/pools/train_feature_head.py` runs that share one held-out set (the
 records keep, per held-out sequence, step 0's ``[hits, scored]`` and step 1's conditional ones). A paired difference
 ``r_a - r_b`` of two runs' ratios (hits / scored over all held-out sequences) gets the standard error of the
-linearised ratio estimator over the same sequences::
-
-    e_i = (h_ai - r_a n_ai) / sum(n_a) - (h_bi - r_b n_bi) / sum(n_b),   se = sqrt(m / (m - 1) * sum_i e_i ** 2)
-
-(the held-out sampling noise only: a second training order measures the run-to-run noise; docs/benchmarks.md).
+linearised ratio estimator over the same sequences (`recipes.pools.train_feature_head.paired_difference`, which
+also decides which per-task adapters are kept).
 
 Arguments ``RUN`` or ``RUN:REFERENCE``, each a record file; from the repository root::
 
     cd docs/assets/bench/feature_head_ablation
     python ../../../../recipes/studies/feature_head_ablation.py A-baseline.json E-kl.json:D-lmhead-tuned.json
-
-Example (two runs, three held-out sequences):
-    >>> a = [[2, 4, 1, 2], [3, 4, 1, 3], [1, 4, 0, 1]]
-    >>> b = [[1, 4, 1, 1], [2, 4, 1, 2], [1, 4, 0, 1]]
-    >>> d, se = paired(a, b, (0, 1))
-    >>> round(d, 3), round(se, 3)
-    (0.167, 0.083)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
+import sys
 from pathlib import Path
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))  # run as a script: recipes import each other as `recipes.<group>.<name>`
 
-def paired(a: list, b: list, cols: tuple[int, int]) -> tuple[float, float]:
-    """``r_a - r_b`` and its standard error (module docstring) from per-sequence rows; `cols` = (hits, scored)."""
-    ha, na = [r[cols[0]] for r in a], [r[cols[1]] for r in a]
-    hb, nb = [r[cols[0]] for r in b], [r[cols[1]] for r in b]
-    if len(ha) != len(hb) or len(ha) < 2:
-        raise ValueError(f"both runs must hold the same >= 2 held-out sequences, but hold {len(ha)} and {len(hb)}.")
-    ra, rb = sum(ha) / sum(na), sum(hb) / sum(nb)
-    e = [(h1 - ra * n1) / sum(na) - (h2 - rb * n2) / sum(nb) for h1, n1, h2, n2 in zip(ha, na, hb, nb, strict=True)]
-    return ra - rb, math.sqrt(sum(x * x for x in e) * len(e) / (len(e) - 1))
+from recipes.pools.train_feature_head import paired_difference  # noqa: E402
 
 
 def row(path: Path, reference: Path | None) -> str:
@@ -54,8 +38,8 @@ def row(path: Path, reference: Path | None) -> str:
     if reference is None:
         return line + " |"
     ref = json.loads(reference.read_text())["epochs"][-1]
-    d0, s0 = paired(last["per_sequence"], ref["per_sequence"], (0, 1))
-    d1, s1 = paired(last["per_sequence"], ref["per_sequence"], (2, 3))
+    d0, s0 = paired_difference(last["per_sequence"], ref["per_sequence"], (0, 1))
+    d1, s1 = paired_difference(last["per_sequence"], ref["per_sequence"], (2, 3))
     return line + f" {d0:+.3f} ± {s0:.3f} / {d1:+.3f} ± {s1:.3f} vs {reference.stem} |"
 
 
