@@ -236,6 +236,25 @@ def test_generate_task_outputs_answers_the_first_user_turns_of_a_conversation_st
 
 
 # ======================================================================================================================
+# studies/head_drafted_positions.py
+# ======================================================================================================================
+def test_head_drafted_positions_accepts_in_generate_what_the_head_scores_teacher_forced():
+    from conftest import prompts, sharpen, tiny_llama
+    from test_feature_head_drafter import trained_head
+
+    study = recipe("studies.head_drafted_positions")
+    target = sharpen(tiny_llama(0, layers=4))
+    head = trained_head(target)
+    totals = {}
+    for prompt in prompts(3, seed=7):
+        for key, value in study.drafted_positions(target, head, prompt[0].tolist(), 12).items():
+            totals[key] = totals.get(key, 0) + value
+    assert totals["scored"] == 3 * 12 and totals["drafted"] >= 3 * 6  # every round drafts one token
+    assert 0 < totals["accepted"] < totals["drafted"]  # some drafts kept, some not: the comparison can fail
+    assert totals["agree_at_drafted"] == totals["accepted"] and totals["differ"] == 0  # float32: the same, exactly
+
+
+# ======================================================================================================================
 # pools/train_feature_head.py
 # ======================================================================================================================
 def _feature_head_stores(folder, target, tasks=("code", "qa"), per_task=10, answer_tokens=24):
