@@ -47,10 +47,11 @@ those tokens are the scored ones; without it, every position from the last promp
    their paired difference (`paired_difference`); an adapter is **kept** only where its step-0 gain exceeds
    ``KEEP_STANDARD_ERRORS`` (2) standard errors of that difference, beyond the validation noise. Saves the base head
    and ``adapters/<task>/`` of the kept tasks to ``--out`` (default ``artifacts/feature-head-adapters``), the layout
-   a pool stores a head with adapter arms in; the record holds every task's figures and ``kept``. A pool from it: ``head = load_feature_head(out, target)``, then
-   ``load_adapter(head, out / "adapters" / task, task)`` per task and ``FeatureHeadDrafter.arms(head)`` (the base
-   head and one arm per adapter). The features must be cached with the base head's layers (the same ``--work-dir``,
-   ``--tasks`` and sequence settings as the head's run reuse its cache).
+   a pool stores a head with adapter arms in; the record holds every task's figures and ``kept``. A pool from it:
+   ``head = load_feature_head(out, target)``, then ``load_adapter(head, out / "adapters" / task, task)`` per kept
+   task and ``FeatureHeadDrafter.arms(head)`` (the base head and one arm per adapter; or `pool_with_head.py`). The
+   features must be cached with the base head's layers (the same ``--work-dir``, ``--tasks`` and sequence settings as
+   the head's run reuse its cache).
 
 Run from the repository root::
 
