@@ -171,22 +171,24 @@ def head_position_table(drafter, target, prompt: list[int], answer: list[int], n
     return rows
 
 
-def feature_head_drafters(target, folders: list[Path]) -> list:
-    """The arms of each head folder (`save_head`'s layout): the base head, named ``head_<folder name>``, and one arm
-    per adapter under ``<folder>/adapters/<task>/`` (the ``--lora-task`` output of train_feature_head.py), named
-    ``head_<folder name>_<task>``; the arms of one folder share one resident head."""
+def head_arms(target, folder: Path, name: str) -> list:
+    """The arms of one head folder (`save_head`'s layout, or speculators'): the base head, named `name`, and one arm
+    per adapter under ``<folder>/adapters/<task>/`` (the kept ``--lora-task`` output of train_feature_head.py), named
+    ``<name>_<task>``, in task order; the arms share one resident head."""
     from hf_metasd.drafters import FeatureHeadDrafter
     from hf_metasd.feature_head import load_adapter, load_feature_head
 
-    drafters = []
-    for folder in folders:
-        head = load_feature_head(str(folder), target)
-        adapters = sorted(p for p in (folder / "adapters").glob("*") if p.is_dir())
-        for adapter in adapters:
-            load_adapter(head, adapter, adapter.name)
-        drafters.append(FeatureHeadDrafter(head, name=f"head_{folder.name}"))
-        drafters += [FeatureHeadDrafter(head, adapter=a.name, name=f"head_{folder.name}_{a.name}") for a in adapters]
-    return drafters
+    head = load_feature_head(str(folder), target)
+    adapters = sorted(p for p in (folder / "adapters").glob("*") if p.is_dir())
+    for adapter in adapters:
+        load_adapter(head, adapter, adapter.name)
+    arms = [FeatureHeadDrafter(head, name=name)]
+    return arms + [FeatureHeadDrafter(head, adapter=a.name, name=f"{name}_{a.name}") for a in adapters]
+
+
+def feature_head_drafters(target, folders: list[Path]) -> list:
+    """The arms of each head folder (`head_arms`), named ``head_<folder name>`` and ``head_<folder name>_<task>``."""
+    return [arm for folder in folders for arm in head_arms(target, folder, f"head_{folder.name}")]
 
 
 def fixed_rounds(rows: list[tuple[int, int, float]], n: int) -> tuple[int, int]:

@@ -166,9 +166,10 @@ def main(argv=None) -> None:
             REPO_ROOT / "artifacts" / ("task-outputs" if args.models == "smollm2" else f"task-outputs-{args.models}")
         )
     args.out.mkdir(parents=True, exist_ok=True)
-    for task in () if todo else args.tasks:
-        _, train = task_split(args.data_dir, task, tokenizer, args.seed, args.val_prompts, args.max_prompt_tokens)
-        todo[task] = [ids for _, ids in train[: args.max_prompts_per_task]]
+    if args.prompts_store is None:
+        for task in args.tasks:
+            _, train = task_split(args.data_dir, task, tokenizer, args.seed, args.val_prompts, args.max_prompt_tokens)
+            todo[task] = [ids for _, ids in train[: args.max_prompts_per_task]]
     stores: dict[str, dict] = {}
     for task in todo:
         path = args.out / f"{task}.pt"

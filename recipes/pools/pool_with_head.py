@@ -22,12 +22,11 @@ from pathlib import Path
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(REPO_ROOT))  # run as a script: recipes import each other as `recipes.<group>.<name>`
 
 from hf_metasd.benchmark.offline import load_default_target, load_embedded_pool  # noqa: E402
-from hf_metasd.drafters import FeatureHeadDrafter  # noqa: E402
-from hf_metasd.feature_head import load_adapter, load_feature_head  # noqa: E402
 from hf_metasd.pool import DrafterPool  # noqa: E402
+from recipes.pools.acceptance_matrix import head_arms  # noqa: E402
 
 
 def main(argv=None) -> DrafterPool:
@@ -37,14 +36,8 @@ def main(argv=None) -> DrafterPool:
     args = p.parse_args(argv)
     target, tokenizer = load_default_target(torch.float32)
     embedded = load_embedded_pool(target)
-    head = load_feature_head(str(args.head), target)
-    adapters = sorted(p.name for p in (args.head / "adapters").glob("*") if p.is_dir())
-    for task in adapters:
-        load_adapter(head, args.head / "adapters" / task, task)
-    arms = [FeatureHeadDrafter(head, name="head")]
-    arms += [FeatureHeadDrafter(head, adapter=task, name=f"head_{task}") for task in adapters]
     pool = DrafterPool(
-        [*embedded.drafters, *arms],
+        [*embedded.drafters, *head_arms(target, args.head, "head")],
         target=target,
         policy=embedded.policy,
         policy_kwargs=embedded.policy_kwargs,

@@ -834,8 +834,8 @@ def train_adapters(args, target, split: dict[str, list]) -> dict:
         "tasks": tasks,
     }
     (args.out / RECORD_NAME).write_text(json.dumps(record, indent=2, sort_keys=True))
-    kept = [task for task in args.lora_task if tasks[task]["kept"]]
-    print(f"saved the head, adapters/{{{','.join(kept)}}} and {RECORD_NAME} to {args.out}", flush=True)
+    saved = [task for task in args.lora_task if tasks[task]["kept"]]
+    print(f"saved the head, adapters/{{{','.join(saved)}}} and {RECORD_NAME} to {args.out}", flush=True)
     return record
 
 
