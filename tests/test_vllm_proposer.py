@@ -411,6 +411,50 @@ def test_options_are_checked():
     assert MetaSDProposer(vllm_config(seed=1, policy="random")).seed == 1  # the fix
 
 
+def test_a_policy_that_cannot_run_on_the_pools_arms_is_refused_at_construction_not_per_request(monkeypatch):
+    """Issue 50: ``fixed`` with an arm beyond the pool passed the constructor, then failed inside every request's
+    `propose` (vLLM's engine step, after the server started)."""
+    monkeypatch.setattr(proposer_module, "load_pool", lambda *args, **kw: step_pool())  # BE: arms `up`, `down`
+    with pytest.raises(
+        MetaSDConfigError,
+        match=r'`additional_config\["hf_metasd"\]` must set a policy that runs on the proposer\'s 2 arms '
+        r"\['up', 'down'\], but policy 'fixed' with \{'arm': 5\} fails: `arm` must be < the number of drafters "
+        r"\(2\), but is 5\. Pick a drafter index in \[0, 2\)\. Fix `policy` or `policy_kwargs`\.",
+    ):
+        MetaSDProposer(vllm_config(policy="fixed", policy_kwargs={"arm": 5}))
+    proposer = MetaSDProposer(vllm_config(policy="fixed", policy_kwargs={"arm": 1}))  # the fix
+    batch = Batch()
+    batch.join("a", [10, 11, 12], UP)
+    assert [batch.step(proposer) for _ in range(2)] == [[[12, 11, 10]], [[13, 12, 11]]]  # `down`, every round
+
+
+def test_a_seed_given_twice_is_refused_at_construction():
+    with pytest.raises(
+        MetaSDConfigError,
+        match=r'`additional_config\["hf_metasd"\]` must give the seed once, but sets both `seed` \(1\) and '
+        r"`policy_kwargs\[\"seed\"\]` \(2\)\. Drop `policy_kwargs\[\"seed\"\]`: `seed` seeds request n's policy "
+        r"with seed \+ n\.",
+    ):
+        MetaSDProposer(vllm_config(policy="random", policy_kwargs={"seed": 2}, seed=1))
+    proposer = MetaSDProposer(vllm_config(policy="random", seed=1))  # the fix
+    tokens = np.zeros((1, MAX_LEN), dtype=np.int32)
+    tokens[0, :6] = [1, 2, 3, 1, 2, 7]
+    proposer.propose([[7]], np.array([6], dtype=np.int32), tokens)  # a request's policy is built
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"), [(None, "NoneType None"), ("beta=1", "str 'beta=1'"), ([1], r"list \[1\]")]
+)
+def test_policy_kwargs_that_are_not_a_dict_are_refused_with_the_house_message(value, shown):
+    with pytest.raises(
+        MetaSDTypeError,
+        match=r'`additional_config\["hf_metasd"\]\["policy_kwargs"\]` must be a dict of policy settings, but is '
+        rf'{shown}\. Pass e\.g\. `\{{"policy_kwargs": \{{"beta": 0\.5\}}\}}`, or leave the key out\.',
+    ):
+        MetaSDProposer(vllm_config(policy="ucb", policy_kwargs=value))
+    assert MetaSDProposer(vllm_config(policy="ucb", policy_kwargs={"beta": 0.5})).policy_kwargs == {"beta": 0.5}
+
+
 def test_nothing_in_the_package_imports_vllm():
     """vLLM is optional: the proposer only receives what vLLM passes (tests and doctests run without it)."""
     folder = Path(proposer_module.__file__).parent

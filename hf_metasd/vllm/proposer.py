@@ -214,6 +214,21 @@ def _options(vllm_config: Any) -> dict[str, Any]:
     return dict(options)
 
 
+def _policy_kwargs(options: Mapping[str, Any], pool_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``policy_kwargs`` of the options, checked: a dict; absent, the pool's when no policy is named (they belong to
+    the pool's policy), else none."""
+    if "policy_kwargs" not in options:
+        return dict(pool_kwargs) if "policy" not in options else {}
+    kwargs = options["policy_kwargs"]
+    if not isinstance(kwargs, Mapping):
+        raise MetaSDTypeError(
+            f'`additional_config["hf_metasd"]["policy_kwargs"]` must be a dict of policy settings, but is '
+            f'{type(kwargs).__name__} {kwargs!r}. Pass e.g. `{{"policy_kwargs": {{"beta": 0.5}}}}`, or leave the key '
+            "out."
+        )
+    return dict(kwargs)
+
+
 def _target_tokenizer(model_config: Any) -> Any:
     """The target's tokenizer as transformers loads it (no code), or ``None`` when vLLM has none or it cannot load."""
     name = getattr(model_config, "tokenizer", None)
@@ -241,13 +256,18 @@ class MetaSDProposer:
         vllm_config: vLLM's ``VllmConfig``; the proposer reads ``speculative_config.num_speculative_tokens`` (*k*),
             ``model_config`` (``hf_config``, ``max_model_len``, ``tokenizer``), ``scheduler_config.max_num_seqs`` and
             ``additional_config["hf_metasd"]``: ``pool`` (folder or Hub id; default: the default pool), ``revision``,
-            ``policy``, ``policy_kwargs``, ``reward`` (``"speed"`` or ``"be"``), ``seed`` (request *n*'s policy gets
-            ``seed + n``), all optional; the last four default to the pool's.
+            ``policy``, ``policy_kwargs`` (a dict), ``reward`` (``"speed"`` or ``"be"``), ``seed`` (request *n*'s
+            policy gets ``seed + n``; not also in ``policy_kwargs``), all optional; the last four default to the
+            pool's.
         clock: seconds as a float (the costs of `speed`); `time.perf_counter` by default.
 
     Raises:
         DrafterCompatibilityError: the pool holds a drafter that is not model-free.
-        MetaSDConfigError: an unknown option, or a reward vLLM does not pass what it needs for.
+        MetaSDConfigError: an unknown option, a reward vLLM does not pass what it needs for, a seed given twice, or a
+            policy that cannot run on the pool's arms (a request's policy is built once here, so that nothing the
+            options set fails later, inside vLLM's engine step).
+        MetaSDTypeError: an option of the wrong type (``policy_kwargs`` that are not a dict, a seed that is not an
+            int).
         InvalidPoolError: the pool cannot load (see `DrafterPool.from_pretrained`).
     """
 
@@ -277,14 +297,17 @@ class MetaSDProposer:
                 'pass to a proposer: use "speed" or "be" (`additional_config={"hf_metasd": {"reward": "speed"}}`).'
             )
         self.policy_name = options.get("policy", self.pool.policy)
-        self.policy_kwargs = dict(
-            options.get("policy_kwargs", self.pool.policy_kwargs if "policy" not in options else {})
-        )
-        get_policy(self.policy_name, self.policy_kwargs)  # an unknown policy or setting fails here, not per request
+        self.policy_kwargs = _policy_kwargs(options, self.pool.policy_kwargs)
         self.seed = options.get("seed")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise MetaSDTypeError(
                 f'`additional_config["hf_metasd"]["seed"]` must be an int or None, but is {self.seed!r}. Pass e.g. 0.'
+            )
+        if self.seed is not None and "seed" in self.policy_kwargs:
+            raise MetaSDConfigError(
+                f'`additional_config["hf_metasd"]` must give the seed once, but sets both `seed` ({self.seed!r}) and '
+                f'`policy_kwargs["seed"]` ({self.policy_kwargs["seed"]!r}). Drop `policy_kwargs["seed"]`: `seed` '
+                "seeds request n's policy with seed + n."
             )
         self.drafters = list(self.pool.drafters)
         self.no_draft_arm = len(self.drafters) if self.reward == "speed" else None
@@ -292,6 +315,7 @@ class MetaSDProposer:
         self.num_arms = len(self.arm_names)
         use_priors = self.pool.priors is not None and self.reward == self.pool.reward
         self.prior_means = [self.pool.priors.get(n) for n in self.arm_names] if use_priors else None
+        self._check_policy()
         self.costs = CostModel(self.arm_names)
         capacity = 4 * int(getattr(vllm_config.scheduler_config, "max_num_seqs", 256))
         self.requests = RequestTable(capacity=max(capacity, 16))
@@ -358,7 +382,28 @@ class MetaSDProposer:
 
     def _new_policy(self) -> Policy:
         self._requests_seen += 1
-        seed = None if self.seed is None else self.seed + self._requests_seen
+        return self._build_policy(self._requests_seen)
+
+    def _check_policy(self) -> None:
+        """Build the policy a first request would get, so that a policy or settings that cannot run on this pool's
+        arms (``fixed`` with an arm beyond them, priors it refuses) fail here rather than in every request's
+        `propose`, inside vLLM's engine step. hf_metasd's own errors (an unknown policy or setting) pass as they are.
+        """
+        try:
+            self._build_policy(1)
+        except MetaSDConfigError:
+            raise
+        except (TypeError, ValueError) as err:
+            raise MetaSDConfigError(
+                f'`additional_config["hf_metasd"]` must set a policy that runs on the proposer\'s {self.num_arms} '
+                f"arms {self.arm_names}, but policy {self.policy_name!r} with {self.policy_kwargs!r} fails: {err} Fix "
+                "`policy` or `policy_kwargs`."
+            ) from err
+
+    def _build_policy(self, request: int) -> Policy:
+        """The policy of the `request`-th request (from 1): seeded with ``seed + request``, reset to the arms, its
+        priors set."""
+        seed = None if self.seed is None else self.seed + request
         policy = get_policy(self.policy_name, self.policy_kwargs, **({} if seed is None else {"seed": seed}))
         policy.reset(self.num_arms)
         if self.prior_means is not None and policy.supports_prior and any(m is not None for m in self.prior_means):
