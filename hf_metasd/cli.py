@@ -117,18 +117,38 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _refused_input() -> tuple[type[Exception], ...]:
+    """hf_metasd's own errors for bad input (`hf_metasd.errors`): a command ends on these as argparse ends on a bad
+    option. Any other exception (a plain `ValueError` included) is a bug, and keeps its traceback."""
+    from .errors import BenchmarkConfigError, CustomGenerateRepoError, InvalidPoolError, MetaSDConfigError
+
+    return (BenchmarkConfigError, CustomGenerateRepoError, InvalidPoolError, MetaSDConfigError)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `hf-metasd` command; returns the process exit code.
 
     Every option's name is the keyword of `run_demo` / `run_benchmark` / `write_custom_generate_repo` it sets
     (``--per-task`` -> ``per_task``), so the options go through as they are, but ``--sub-pool NAME,NAME``
     (repeatable), which becomes ``sub_pools``.
+
+    An option or input that hf_metasd refuses (one of its own errors: `BenchmarkConfigError`, `InvalidPoolError`,
+    `MetaSDConfigError`, `CustomGenerateRepoError`; all raised before any model loads, or before any compute) ends
+    the command as argparse ends it on a bad option: one line ``hf-metasd COMMAND: error: MESSAGE`` on stderr, exit
+    status 2.
     """
     parser = _parser()
     options = vars(parser.parse_args(argv))
     command = options.pop("command")
+    try:
+        return _run(command, options)
+    except _refused_input() as err:
+        parser.exit(2, f"{parser.prog} {command}: error: {err}\n")
+
+
+def _run(command: str, options: dict) -> int:
     if command == "custom-generate-repo":
-        return _custom_generate_repo(parser, **options)
+        return _custom_generate_repo(**options)
     from .benchmark.run import run_benchmark, run_demo
 
     if command == "demo":
@@ -137,15 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     return run_benchmark(**options)
 
 
-def _custom_generate_repo(parser: argparse.ArgumentParser, folder: str, overwrite: bool) -> int:
-    """Write the repository; a folder it must not write into ends the command as a wrong argument does (exit 2)."""
+def _custom_generate_repo(folder: str, overwrite: bool) -> int:
+    """Write the repository (a folder it must not write into raises `CustomGenerateRepoError`: exit status 2)."""
     from .custom_generate_repo import FILES, write_custom_generate_repo
-    from .errors import CustomGenerateRepoError
 
-    try:
-        written = write_custom_generate_repo(folder, overwrite=overwrite)
-    except CustomGenerateRepoError as err:
-        parser.error(str(err))
+    written = write_custom_generate_repo(folder, overwrite=overwrite)
     print(f"wrote {', '.join(FILES)} in {written}")
     print(
         f'use it with: model.generate(..., custom_generate="{written}", trust_remote_code=True, '

@@ -8,12 +8,15 @@ Do Y."
 from __future__ import annotations
 
 __all__ = [
+    "BenchmarkConfigError",
+    "BenchmarkFileNotFoundError",
     "CustomGenerateRepoError",
     "DrafterCompatibilityError",
     "DuplicateDrafterKindError",
     "InvalidPoolError",
     "InvalidPoolTypeError",
     "MetaSDConfigError",
+    "MetaSDDrafterError",
     "MetaSDTypeError",
     "PolicyArmError",
     "UnknownPolicyError",
@@ -28,6 +31,11 @@ class MetaSDConfigError(ValueError):
 
 class MetaSDTypeError(MetaSDConfigError, TypeError):
     """A MetaSD setting of the wrong type (``meta_replay="yes"``, ``meta_priors=[...]``)."""
+
+
+class MetaSDDrafterError(MetaSDConfigError):
+    """A drafter of the pool returned a draft MetaSD cannot verify: token ids outside the target's vocabulary, or
+    logits that are no distribution (NaN). Raised before the target sees the draft; the message names the drafter."""
 
 
 class UnknownPolicyError(MetaSDConfigError, KeyError):
@@ -74,3 +82,12 @@ class DuplicateDrafterKindError(ValueError):
 class CustomGenerateRepoError(ValueError):
     """The ``custom_generate`` repository cannot be written: the folder is a file or holds files (without
     `overwrite`), or its requirements cannot be written in the form transformers checks."""
+
+
+class BenchmarkConfigError(ValueError):
+    """An option of ``hf-metasd bench`` / ``demo`` (`run_benchmark`, `run_demo`), or its prompts file, that the
+    benchmark cannot run with: refused before any model loads (the command then exits with status 2)."""
+
+
+class BenchmarkFileNotFoundError(BenchmarkConfigError, FileNotFoundError):
+    """A file the benchmark is given (``--prompts``) does not exist. Also a `FileNotFoundError`."""

@@ -360,3 +360,123 @@ def test_the_bench_fails_only_on_divergences_that_are_not_near_ties(
         assert (
             "ERROR: 1 outputs differ from autoregressive greedy other than at a near-tie: [('metasd', 'p1')]" in text
         )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# issue 50: what the bench refuses before any model loads (the flags that ran something else, or nothing)
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.fixture
+def no_models(monkeypatch):
+    """`run_benchmark` / `run_demo` with model loading replaced by a failure: a check must come first."""
+    from hf_metasd.benchmark import run
+
+    def load(*args, **kwargs):
+        raise AssertionError("a model loaded before the options were checked")
+
+    monkeypatch.setattr(run, "load_target", load)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"num_assistant_tokens": 0},
+            r"`num_assistant_tokens` must be an int in \[1, 128\] or None \(the pool's\), but is 0\. Pass e\.g\. "
+            r"`--num-assistant-tokens 3`, or leave it out for the pool's draft length\.",
+        ),
+        ({"num_assistant_tokens": 129}, r"`num_assistant_tokens` must be an int in \[1, 128\] .* but is 129\."),
+        (
+            {"per_task": 0},
+            r"`per_task` must be an int >= 1 or None \(3 prompts per task; 1 with `quick`\), but is 0\. Pass e\.g\. "
+            r"`--per-task 3`, or leave it out\.",
+        ),
+        (
+            {"max_new_tokens": 0},
+            r"`max_new_tokens` must be an int >= 1 or None \(64; 48 with `quick`\), but is 0\. Pass e\.g\. "
+            r"`--max-new-tokens 64`, or leave it out\.",
+        ),
+        ({"threads": 0}, r"`threads` must be an int >= 1, but is 0\. Pass e\.g\. `--threads 2`\."),
+        ({"untrained": -1}, r"`untrained` must be an int >= 0, but is -1\. Pass e\.g\. `--untrained 2`, or 0 for "),
+        ({"tasks": ["qa", "chat"]}, r"`tasks` must be among \['mt_bench', .*\], but has \['chat'\]\. Drop or fix"),
+    ],
+)
+def test_flags_that_would_run_something_else_or_nothing_are_refused_before_any_model_loads(
+    no_models, tmp_path, options, message
+):
+    from hf_metasd.benchmark.run import run_benchmark
+    from hf_metasd.errors import BenchmarkConfigError
+
+    with pytest.raises(BenchmarkConfigError, match=message):
+        run_benchmark(out=tmp_path / "out", **options)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_demo_refuses_what_it_cannot_run_before_any_model_loads(no_models, tmp_path):
+    from hf_metasd.benchmark.run import run_demo
+    from hf_metasd.errors import BenchmarkConfigError, InvalidPoolError
+
+    with pytest.raises(BenchmarkConfigError, match=r"`max_new_tokens` must be an int >= 1, but is 0\. Pass e\.g\. "):
+        run_demo("hi", max_new_tokens=0)
+    with pytest.raises(BenchmarkConfigError, match=r"`threads` must be an int >= 1, but is 0\."):
+        run_demo("hi", threads=0)
+    with pytest.raises(InvalidPoolError, match=r"`pool` must be a pool folder or a Hub repo id, but '.*missing' does"):
+        run_demo("hi", pool=str(tmp_path / "missing"))
+
+
+def test_an_out_path_that_is_a_file_is_refused_before_any_model_loads(no_models, tmp_path):
+    """Issue 50: the whole benchmark ran, then `FileExistsError` lost its results."""
+    from hf_metasd.benchmark.run import run_benchmark
+    from hf_metasd.errors import BenchmarkConfigError
+
+    (tmp_path / "results").write_text("mine")
+    with pytest.raises(
+        BenchmarkConfigError,
+        match=r"`out` must be a folder to write the results in, but '.*results' is a file\. Pass another folder "
+        r"with `--out`, or move the file away\.",
+    ):
+        run_benchmark(out=tmp_path / "results")
+    with pytest.raises(BenchmarkConfigError, match=r"`out` must be a folder .* but '.*results' is a file\."):
+        run_benchmark(out=tmp_path / "results" / "inside", batch_size=4)
+    assert (tmp_path / "results").read_text() == "mine"
+
+
+@pytest.mark.parametrize("pool", ["missing", "a_file"])
+def test_a_pool_path_that_is_no_folder_is_refused_naming_the_option_before_any_model_loads(no_models, tmp_path, pool):
+    from hf_metasd.benchmark.run import run_benchmark
+    from hf_metasd.errors import InvalidPoolError
+
+    (tmp_path / "a_file").write_text("{}")
+    what = "does not exist" if pool == "missing" else "is a file"
+    with pytest.raises(
+        InvalidPoolError,
+        match=rf"`pool` must be a pool folder or a Hub repo id, but '.*{pool}' {what}\. Pass a pool folder "
+        r"\(`DrafterPool\.save_pretrained`\) or a Hub repo id with `--pool`, or leave it out for the embedded pool\.",
+    ):
+        run_benchmark(out=tmp_path / "out", pool=str(tmp_path / pool))
+
+
+def test_a_prompts_file_with_a_byte_order_mark_is_read(tmp_path):
+    from hf_metasd.benchmark.prompts import load_prompts_file
+
+    path = tmp_path / "bom.jsonl"
+    path.write_text(
+        '{"task": "chat", "prompt": "Café?"}\r\n{"task": "chat", "prompt": "Hi"}\r\n', encoding="utf-8-sig"
+    )
+    assert [(p.task, p.text) for p in load_prompts_file(path)] == [("chat", "Café?"), ("chat", "Hi")]
+
+
+def test_a_prompts_file_that_is_not_utf8_is_refused_naming_the_file_and_the_encoding(no_models, tmp_path):
+    from hf_metasd.benchmark.run import run_benchmark
+    from hf_metasd.errors import BenchmarkConfigError
+
+    path = tmp_path / "latin.jsonl"
+    path.write_bytes('{"task": "chat", "prompt": "Hi"}\n{"task": "chat", "prompt": "Café?"}\n'.encode("latin-1"))
+    with pytest.raises(
+        BenchmarkConfigError,
+        match=r"`prompts` must be a UTF-8 text file, but latin\.jsonl line 2 is not UTF-8 \(byte 0xe9 at byte 32 of "
+        r"the line\)\. Save the file as UTF-8\.",
+    ):
+        run_benchmark(out=tmp_path / "out", prompts=path)
+    path.write_bytes(path.read_bytes().decode("latin-1").encode("utf-8"))  # the fix
+    with pytest.raises(AssertionError, match="a model loaded"):  # the file was read, then the models load
+        run_benchmark(out=tmp_path / "out", prompts=path)

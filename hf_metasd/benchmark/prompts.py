@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from ..errors import BenchmarkConfigError, BenchmarkFileNotFoundError
+
 __all__ = ["BENCH_TASKS", "BenchPrompt", "load_bench_prompts", "load_prompts_file", "mixed_stream"]
 
 #: The most prompts and characters per prompt `load_prompts_file` reads (a guard against a wrong file, not a limit of
@@ -66,20 +68,35 @@ def load_bench_prompts(
     """
     unknown = sorted(set(tasks) - set(BENCH_TASKS))
     if unknown:
-        raise ValueError(f"`tasks` must be among {list(BENCH_TASKS)}, but has {unknown}. Drop or fix those names.")
+        raise BenchmarkConfigError(
+            f"`tasks` must be among {list(BENCH_TASKS)}, but has {unknown}. Drop or fix those names."
+        )
     by_task: dict[str, list[BenchPrompt]] = {t: [] for t in BENCH_TASKS}
     for prompt in _read_spec_bench() + _read_humaneval():
         by_task[prompt.task].append(prompt)
     return [p for t in tasks for p in (by_task[t] if per_task is None else by_task[t][:per_task])]
 
 
+def _decode(raw: bytes, where: str, *, first: bool) -> str:
+    """One line of a prompts file as text: UTF-8, a byte order mark allowed at the start of the file (some editors
+    write one), else a `BenchmarkConfigError` naming the line and the first byte that is not UTF-8."""
+    try:
+        return raw.decode("utf-8-sig" if first else "utf-8")
+    except UnicodeDecodeError as error:
+        raise BenchmarkConfigError(
+            f"`prompts` must be a UTF-8 text file, but {where} is not UTF-8 (byte {raw[error.start]:#04x} at byte "
+            f"{error.start + 1} of the line). Save the file as UTF-8."
+        ) from None
+
+
 def load_prompts_file(
     path: str | Path, tasks: Sequence[str] | None = None, per_task: int | None = None
 ) -> list[BenchPrompt]:
-    r"""A user's own prompts from a JSON Lines file: one ``{"task": str, "prompt": str}`` object per line (an ``"id"``
-    is optional; by default ``<file name>/<line number>``). Blank lines are skipped. Tasks are free names (they group
-    the benchmark's per-task table); `tasks` keeps only those, and `per_task` the first that many of each, in file
-    order.
+    r"""A user's own prompts from a JSON Lines file in UTF-8 (a byte order mark is allowed): one
+    ``{"task": str, "prompt": str}`` object per line (an ``"id"`` is optional; by default
+    ``<file name>/<line number>``). Blank lines are skipped. Tasks are free names (they group the benchmark's per-task
+    table); `tasks` keeps only those, and `per_task` the first that many of each, in file order. A file that breaks
+    these rules raises a `BenchmarkConfigError` naming the line (`BenchmarkFileNotFoundError`: no such file).
 
     Example:
         >>> import json, tempfile, os
@@ -91,19 +108,20 @@ def load_prompts_file(
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(
+        raise BenchmarkFileNotFoundError(
             f"`prompts` must be a JSON Lines file, but {str(path)!r} is not a file. Check the path."
         )
     out: list[BenchPrompt] = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            where = f"{path.name} line {number}"
+            line = _decode(raw, where, first=number == 1)
             if not line.strip():
                 continue
-            where = f"{path.name} line {number}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as error:
-                raise ValueError(
+                raise BenchmarkConfigError(
                     f"every line of `prompts` must be a JSON object, but {where} is not JSON ({error.msg}). "
                     'Write one {"task": ..., "prompt": ...} object per line.'
                 ) from None
@@ -112,27 +130,27 @@ def load_prompts_file(
                 or not isinstance(row.get("task"), str)
                 or not isinstance(row.get("prompt"), str)
             ):
-                raise ValueError(
+                raise BenchmarkConfigError(
                     f"every line of `prompts` must be an object with string keys `task` and `prompt`, but {where} is "
                     f'{line.strip()[:80]!r}. Write one {{"task": ..., "prompt": ...}} object per line.'
                 )
             if not row["prompt"].strip() or len(row["prompt"]) > MAX_PROMPT_CHARS:
-                raise ValueError(
+                raise BenchmarkConfigError(
                     f"a prompt must have 1 to {MAX_PROMPT_CHARS} characters, but {where} has {len(row['prompt'])}. "
                     "Fix or drop that line."
                 )
             out.append(BenchPrompt(row["task"], str(row.get("id", f"{path.name}/{number}")), row["prompt"]))
             if len(out) > MAX_FILE_PROMPTS:
-                raise ValueError(
+                raise BenchmarkConfigError(
                     f"`prompts` must hold at most {MAX_FILE_PROMPTS} prompts, but {path.name} has more. "
                     "Split it into several runs."
                 )
     if not out:
-        raise ValueError(f"`prompts` must hold at least one prompt, but {path.name} has none. Add lines.")
+        raise BenchmarkConfigError(f"`prompts` must hold at least one prompt, but {path.name} has none. Add lines.")
     if tasks:
         unknown = sorted(set(tasks) - {p.task for p in out})
         if unknown:
-            raise ValueError(
+            raise BenchmarkConfigError(
                 f"`tasks` must be tasks of {path.name} {sorted({p.task for p in out})}, but has {unknown}. "
                 "Drop or fix those names."
             )

@@ -9,6 +9,7 @@ loudly after writing its results; near-tie divergences are counted and reported.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -17,6 +18,9 @@ from typing import Any
 
 import torch
 
+from .._validation import check_int
+from ..drafters.spec import MAX_NUM_ASSISTANT_TOKENS, is_local_reference
+from ..errors import BenchmarkConfigError, InvalidPoolError
 from ..kernels import DEFAULT_MAX_ROWS, PassKernels, choose_verification_kernel, skinny_linear
 from ..lossless import check_divergence, float32_copy
 from ..reward_memory import reward_memory_scope
@@ -167,7 +171,9 @@ def load_target(
     from .dtype import DTYPES, choose_dtype
 
     if dtype not in DTYPES:
-        raise ValueError(f"`dtype` must be one of {list(DTYPES)}, but is {dtype!r}. Use auto (measured), or name one.")
+        raise BenchmarkConfigError(
+            f"`dtype` must be one of {list(DTYPES)}, but is {dtype!r}. Use auto (measured), or name one."
+        )
     if dtype != "auto":
         return (*load_models(models, dtype, threads), dtype)
     target, tokenizer = load_models(models, "float32", threads)
@@ -184,11 +190,70 @@ def check_drafter_dtype(drafter_dtype: str | None, models: str, pool: str | None
         >>> check_drafter_dtype(None, "smollm2", None)
     """
     if drafter_dtype is not None and (models != "qwen" or pool):
-        raise ValueError(
+        raise BenchmarkConfigError(
             f"`drafter_dtype` must be None for a pool loaded from a folder or the embedded pool (their drafters keep "
             f"the dtypes their config stores), but is {drafter_dtype!r} with models={models!r}, pool={pool!r}. "
             "Drop --drafter-dtype, or use it with --models qwen."
         )
+
+
+def check_options(
+    *,
+    threads: int = 2,
+    pool: str | None = None,
+    max_new_tokens: int | None = None,
+    out: str | Path | None = None,
+    per_task: int | None = None,
+    num_assistant_tokens: int | None = None,
+    untrained: int = 0,
+) -> None:
+    """What `run_demo` and `run_benchmark` refuse before any model loads: a flag that would run something else than
+    it says (``--num-assistant-tokens 0`` ran with the pool's length), nothing at all (``--per-task 0``), or fail only
+    after the models loaded or the whole run (``--max-new-tokens 0``, ``--threads 0``, ``--pool`` a missing folder,
+    ``--out`` a file). Raises a `BenchmarkConfigError` (`InvalidPoolError` for `pool`). The arguments are
+    `run_benchmark`'s (`run_demo` checks its `threads` and `pool` here).
+
+    Example:
+        >>> check_options(threads=2, per_task=3, max_new_tokens=None, num_assistant_tokens=4)
+        >>> check_options(per_task=0)
+        Traceback (most recent call last):
+        ...
+        hf_metasd.errors.BenchmarkConfigError: `per_task` must be an int >= 1 or None (3 prompts per task; 1 with `quick`), but is 0. Pass e.g. `--per-task 3`, or leave it out.
+    """
+    check_int("threads", threads, low=1, hint="Pass e.g. `--threads 2`.", error=BenchmarkConfigError)
+    check_int(
+        "untrained", untrained, low=0, hint="Pass e.g. `--untrained 2`, or 0 for the pool.", error=BenchmarkConfigError
+    )
+    optional = {
+        "max_new_tokens": (max_new_tokens, "64; 48 with `quick`", "`--max-new-tokens 64`"),
+        "per_task": (per_task, "3 prompts per task; 1 with `quick`", "`--per-task 3`"),
+    }
+    for name, (value, default, example) in optional.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise BenchmarkConfigError(
+                f"`{name}` must be an int >= 1 or None ({default}), but is {value!r}. Pass e.g. {example}, or leave "
+                "it out."
+            )
+    n = num_assistant_tokens
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_NUM_ASSISTANT_TOKENS):
+        raise BenchmarkConfigError(
+            f"`num_assistant_tokens` must be an int in [1, {MAX_NUM_ASSISTANT_TOKENS}] or None (the pool's), but is "
+            f"{n!r}. Pass e.g. `--num-assistant-tokens 3`, or leave it out for the pool's draft length."
+        )
+    if pool is not None and is_local_reference(str(pool)) and not os.path.isdir(os.path.expanduser(str(pool))):
+        what = "is a file" if os.path.exists(os.path.expanduser(str(pool))) else "does not exist"
+        raise InvalidPoolError(
+            f"`pool` must be a pool folder or a Hub repo id, but {str(pool)!r} {what}. Pass a pool folder "
+            "(`DrafterPool.save_pretrained`) or a Hub repo id with `--pool`, or leave it out for the embedded pool."
+        )
+    if out is not None:
+        folder = Path(out).absolute()
+        blocking = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            raise BenchmarkConfigError(
+                f"`out` must be a folder to write the results in, but {str(blocking)!r} is a file. Pass another "
+                "folder with `--out`, or move the file away."
+            )
 
 
 #: The ``--models qwen`` pool's arm names, in order.
@@ -255,6 +320,10 @@ def run_demo(
     from ..generation import generate as metasd_generate
     from .offline import chat_prompt
 
+    check_options(threads=threads, pool=pool)
+    check_int(
+        "max_new_tokens", max_new_tokens, low=1, hint="Pass e.g. `--max-new-tokens 96`.", error=BenchmarkConfigError
+    )
     check_drafter_dtype(drafter_dtype, models, pool)
     target, tokenizer, dtype = load_target(models, dtype, threads, print_fn)
     drafters = load_pool(target, models, pool, dtype, tokenizer, drafter_dtype)
@@ -306,7 +375,7 @@ def select_policies(names: Sequence[str] | None, default: Sequence[tuple]) -> tu
     known = [entry[0] for entry in DEFAULT_POLICIES]
     unknown = [name for name in names if name not in known]
     if unknown:
-        raise ValueError(
+        raise BenchmarkConfigError(
             f"`--policies` must name methods of the benchmark, but names {unknown}. Choose among {known}, or give "
             "none to run only `metasd`."
         )
@@ -356,19 +425,23 @@ def run_benchmark(
     from .prompts import BENCH_TASKS, load_bench_prompts, load_prompts_file, mixed_stream
     from .report import write_report
 
-    # the user's prompts are read (and refused) before any model loads
+    # the options, and the prompts (the user's file, or the shipped ones for `tasks`), are refused before any model
+    # loads: a bad value never costs a model load, nor a whole run whose results then cannot be written
+    check_options(
+        threads=threads,
+        pool=None if untrained else pool,
+        max_new_tokens=max_new_tokens,
+        out=out,
+        per_task=per_task,
+        num_assistant_tokens=num_assistant_tokens,
+        untrained=untrained,
+    )
     prompts_file = prompts
     own_prompts = None if prompts_file is None else load_prompts_file(prompts_file, tasks, per_task)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"`batch_size` must be an int >= 1, but is {batch_size!r}. Use e.g. 4.")
+        raise BenchmarkConfigError(f"`batch_size` must be an int >= 1, but is {batch_size!r}. Use e.g. 4.")
     chosen = select_policies(policies, DEFAULT_POLICIES if not (quick or untrained) else DEFAULT_POLICIES[:2])
     check_drafter_dtype(drafter_dtype, models, pool)
-    start = time.perf_counter()
-    target, tokenizer, dtype = load_target(models, dtype, threads, print_fn)
-    if untrained:
-        the_pool = DrafterPool(untrained_drafters(target, untrained), target=target)
-    else:
-        the_pool = load_pool(target, models, pool, dtype, tokenizer, drafter_dtype)
     per_task = per_task if per_task is not None else (1 if quick else 3)
     max_new = max_new_tokens if max_new_tokens is not None else (48 if quick else 64)
     if own_prompts is not None:
@@ -377,9 +450,15 @@ def run_benchmark(
         prompts = load_bench_prompts(tuple(tasks or BENCH_TASKS), per_task=per_task)
     if mixed:
         prompts = mixed_stream(prompts)
+    start = time.perf_counter()
+    target, tokenizer, dtype = load_target(models, dtype, threads, print_fn)
+    if untrained:
+        the_pool = DrafterPool(untrained_drafters(target, untrained), target=target)
+    else:
+        the_pool = load_pool(target, models, pool, dtype, tokenizer, drafter_dtype)
     if batch_size > 1:
         return _run_batches(target, tokenizer, prompts, the_pool, batch_size, max_new, out, print_fn, dtype)
-    num_tokens = num_assistant_tokens or the_pool.num_assistant_tokens
+    num_tokens = num_assistant_tokens if num_assistant_tokens is not None else the_pool.num_assistant_tokens
     methods = build_methods(
         the_pool,
         num_assistant_tokens=num_tokens,
