@@ -333,6 +333,28 @@ def test_a_relative_reference_resolved_from_the_current_directory_is_refused(
         DrafterPool.from_pretrained(model_pool.resolve(), target=target)
 
 
+@pytest.mark.parametrize("relative", ["drafter", "./drafter"])
+def test_a_drafter_loaded_from_a_relative_folder_is_saved_by_its_absolute_path(
+    target, drafter_folder, tmp_path, monkeypatch, relative
+):
+    """Issue 50: the reference recorded ``drafter`` (the model's ``name_or_path``), relative to the working directory
+    of the save: from another one it named a Hub repo, and from the same one it was refused as a local path whose
+    `local_paths` key had to be that relative string. Recorded absolute, it is refused as a local path from anywhere
+    until the caller maps it, and then loads from any working directory."""
+    monkeypatch.chdir(drafter_folder.parent)
+    pool = DrafterPool([AutoModelForCausalLM.from_pretrained(relative)], target=target)
+    pool.save_pretrained("pool")
+    spec = json.loads((tmp_path / "pool/config.json").read_text())["drafters"][0]
+    assert (spec["path"], spec["stored"]) == (str(drafter_folder), False)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(InvalidPoolError, match=r"`path` must be a Hub repo id .* but is '.*drafter', a local path"):
+        DrafterPool.from_pretrained(tmp_path / "pool", target=target)
+    loaded = DrafterPool.from_pretrained(tmp_path / "pool", target=target, local_paths={spec["path"]: spec["path"]})
+    assert loaded.drafters[0].source["path"] == str(drafter_folder)
+
+
 def test_a_stored_path_climbing_out_is_refused(target, model_pool, drafter_folder):
     _edit_json(model_pool / "config.json", lambda d: d["drafters"][0].update(path="../drafter"))
     with pytest.raises(InvalidPoolError, match=r"`path` must be a relative path inside the pool folder"):

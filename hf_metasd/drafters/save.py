@@ -14,6 +14,7 @@ target's), an adapter is peft's ``adapter_config.json`` + ``adapter_model.safete
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -115,6 +116,26 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "drafter"
 
 
+def absolute_if_local(path: str | None) -> str | None:
+    """`path` as a reference records it: a local folder (`is_local_reference`; ``~`` expanded) as an absolute path,
+    anything else (a Hub repo id, ``None``) as it is.
+
+    A model loaded from ``./drafter`` has ``name_or_path`` ``"./drafter"``, relative to the working directory of that
+    load: recorded so, the pool would point elsewhere from any other directory (``drafter`` would even read as a Hub
+    repo id there). Absolute, it stays a local path outside the pool, which a load refuses unless the caller maps it
+    with ``local_paths`` (`hf_metasd.untrusted`'s rule), and then it loads from any directory.
+
+    Example:
+        >>> absolute_if_local("HuggingFaceTB/SmolLM2-135M"), absolute_if_local(None)
+        ('HuggingFaceTB/SmolLM2-135M', None)
+        >>> import os; absolute_if_local("./drafter") == os.path.join(os.getcwd(), "drafter")
+        True
+    """
+    if path is None or not is_local_reference(path):
+        return path
+    return os.path.abspath(os.path.expanduser(path))
+
+
 class ModelPlan(NamedTuple):
     """How `SaveContext.model_reference` plans a drafter's model: the entry's `stored`, `path` and `revision`, the
     folder the entry's files go to, and whether the stored weights leave out the target's embeddings."""
@@ -181,12 +202,13 @@ class SaveContext:
         """``(store, path, revision)``: keep a loaded drafter as it came, reference a known source, else refuse.
 
         Stored when `store_weights` or when the drafter was loaded stored; otherwise a reference to where it was
-        loaded from, or to `default_path` (e.g. the model's ``name_or_path``).
+        loaded from (as its pool recorded it), or to `default_path` (e.g. the model's ``name_or_path``), made
+        absolute when it is a local folder (`absolute_if_local`).
         """
         source = drafter.source or {}
         if self.store_weights or source.get("stored"):
             return True, None, None
-        path = source.get("path") or default_path
+        path = source.get("path") or absolute_if_local(default_path)
         if not path:
             raise InvalidPoolError(
                 f"{where} must have a source (Hub repo id or folder) to be saved by reference, but it was built in "
@@ -207,6 +229,7 @@ class SaveContext:
         when `share_embeddings` allows it and they are the target's).
         """
         default = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None) or None
+        default = absolute_if_local(default)
         store, path, revision = self.reference(drafter, self.where(drafter), default)
         if revision is None and not store and path == default:
             revision = getattr(model.config, "_commit_hash", None)
