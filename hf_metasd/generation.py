@@ -25,10 +25,11 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
@@ -147,9 +148,9 @@ def _bare_call_arguments() -> dict[str, Any]:
     leaving None in transformers' call. A bare call cannot: transformers 5.24 / 5.25 hand a callable `custom_generate`
     only what its signature names beyond `GenerationMixin._sample`'s, popped from `generate`'s ``**kwargs``
     (`GenerationMixin._extract_generation_mode_kwargs`), and `streamer` / `assistant_model` are named parameters of
-    `generate`, never in those. So they are read here, from that `generate` call's frame: the only place hf_metasd
-    reads a frame (without it, a bare call would drop a streamer after transformers put the prompt into it, and
-    `end()` would never come).
+    `generate`, never in those. So they are read here, from that `generate` call's frame: one of the two places
+    hf_metasd reads a frame, the other being `_CallSignature` (a call's misspelt settings). Without it, a bare call
+    would drop a streamer after transformers put the prompt into it, and `end()` would never come.
 
     Checked in transformers 5.24.0 and 5.25.0, ``transformers/generation/utils.py``: in
     `GenerationMixin._extract_generation_mode_kwargs` (5.24 line 2548, 5.25 line 2551) a callable `custom_generate`
@@ -319,19 +320,53 @@ def generate(
     return output
 
 
-def _with_retired_settings(signature: inspect.Signature) -> inspect.Signature:
-    """`signature` with every removed setting (`RETIRED_SETTINGS`) as a keyword-only parameter before ``**kwargs``.
+def _before_kwargs(signature: inspect.Signature, names: Iterable[str]) -> list[inspect.Parameter]:
+    """`signature`'s parameters with `names` as keyword-only parameters (default None) before its ``**kwargs``."""
+    params = list(signature.parameters.values())
+    added = [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=None) for k in names]
+    return [*params[:-1], *added, params[-1]]
+
+
+class _CallSignature(inspect.Signature):
+    """`generate`'s signature (`__signature__`): its parameters and every removed setting (`RETIRED_SETTINGS`), plus,
+    when transformers reads it to choose what to hand the method, each ``meta_*`` keyword of that call that names no
+    setting (a misspelt one).
 
     transformers hands a `custom_generate` callable only the keyword arguments its signature names and refuses the
-    others as unused model kwargs; named here, a removed setting reaches `generate` (in its ``**model_kwargs``), which
-    refuses it saying why it was removed and what to do.
+    others as unused model kwargs with its generic message ("The following `model_kwargs` are not used by the
+    model"). Named here, a removed or misspelt setting reaches `generate` (in its ``**model_kwargs``), which refuses
+    it as `enable()` does (`check_setting_names`): why a removed one was removed, and for a misspelt one the valid
+    settings and the closest.
+
+    The misspelt keys are read from the call's keyword arguments, the local ``kwargs`` of transformers'
+    `GenerationMixin._extract_generation_mode_kwargs`, which reads ``inspect.signature(custom_generate).parameters``
+    and pops the keys it names from those ``kwargs`` for the decoding method (transformers 5.24.0 and 5.25.0,
+    ``transformers/generation/utils.py``, 5.24 line 2576, 5.25 line 2579). Read from anywhere else (`help`, the docs),
+    the signature is the declared one; a transformers whose method differs gets its own message for a misspelt key.
     """
-    params = list(signature.parameters.values())
-    retired = [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=None) for k in RETIRED_SETTINGS]
-    return signature.replace(parameters=[*params[:-1], *retired, params[-1]])
+
+    __slots__ = ()
+
+    @property
+    def parameters(self) -> Mapping[str, inspect.Parameter]:
+        declared = super().parameters
+        frame = sys._getframe(1)  # who reads the signature: transformers' choice of keyword arguments, or anyone
+        if (
+            frame.f_code.co_name != "_extract_generation_mode_kwargs"
+            or frame.f_globals.get("__name__") != "transformers.generation.utils"
+            or not isinstance(frame.f_locals.get("kwargs"), Mapping)
+        ):
+            return declared
+        misspelt = [k for k in frame.f_locals["kwargs"] if isinstance(k, str) and k.startswith("meta_")]
+        misspelt = [k for k in misspelt if k not in declared]
+        if not misspelt:
+            return declared
+        return MappingProxyType({p.name: p for p in _before_kwargs(self, misspelt)})
 
 
-generate.__signature__ = _with_retired_settings(inspect.signature(generate))  # type: ignore[attr-defined]
+generate.__signature__ = _CallSignature(  # type: ignore[attr-defined]
+    _before_kwargs(inspect.signature(generate), RETIRED_SETTINGS)
+)
 
 
 # ---------------------------------------------------------------------- enable / disable

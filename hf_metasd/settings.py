@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
@@ -221,14 +222,15 @@ RETIRED_SETTINGS: dict[str, str] = {
 # ---------------------------------------------------------------------- names and precedence
 def check_setting_names(keys: Any, where: str, *, unknown: bool = True) -> None:
     """Refuse a removed setting (`RETIRED_SETTINGS`, saying why it was removed) among `keys`, and with `unknown` a
-    ``meta_*`` key that is no setting. `where` names the keys' place in the message.
+    ``meta_*`` key that is no setting (the message lists the settings and names the closest one). `where` names the
+    keys' place in the message.
 
     Example:
         >>> check_setting_names(["meta_policy", "max_new_tokens"], "`generate`'s keyword arguments")
         >>> check_setting_names(["meta_polcy"], "`generate`'s keyword arguments")
         Traceback (most recent call last):
         ...
-        hf_metasd.errors.MetaSDConfigError: `generate`'s keyword arguments must use the MetaSD settings [...], but has unknown ['meta_polcy']. Fix the spelling or drop the key.
+        hf_metasd.errors.MetaSDConfigError: `generate`'s keyword arguments must use the MetaSD settings [...], but has unknown ['meta_polcy']. Did you mean 'meta_policy'? Fix the spelling or drop the key.
     """
     retired = [k for k in keys if k in RETIRED_SETTINGS]
     if retired:
@@ -238,9 +240,11 @@ def check_setting_names(keys: Any, where: str, *, unknown: bool = True) -> None:
         )
     wrong = sorted(k for k in keys if isinstance(k, str) and k.startswith("meta_") and k not in SETTINGS)
     if unknown and wrong:
+        close = difflib.get_close_matches(wrong[0], META_KWARGS, n=1)
         raise MetaSDConfigError(
             f"{where} must use the MetaSD settings {sorted(META_KWARGS)}, but has unknown {wrong}. "
-            "Fix the spelling or drop the key."
+            + (f"Did you mean {close[0]!r}? " if close else "")
+            + "Fix the spelling or drop the key."
         )
 
 

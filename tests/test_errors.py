@@ -18,7 +18,7 @@ from hf_metasd import (
 )
 from hf_metasd.errors import MetaSDTypeError, UnknownPolicySettingError
 from hf_metasd.policies import POLICY_REGISTRY, Policy
-from hf_metasd.settings import RETIRED_SETTINGS
+from hf_metasd.settings import META_KWARGS, RETIRED_SETTINGS
 
 PROMPT = prompts(1)[0]
 
@@ -311,6 +311,28 @@ def test_a_removed_setting_is_refused_with_why_and_what_to_do(target, drafters, 
     )
     # the fix: drop it (for full information, a full-information policy such as hedge scores every drafter)
     assert torch.equal(_generate(where, target, PROMPT, 5, assistant_models=drafters), greedy(target, PROMPT, 5))
+
+
+@pytest.mark.parametrize("where", ["custom_generate", "enable", "generation_config"])
+def test_a_misspelt_setting_is_refused_with_the_valid_ones_and_the_closest_on_every_way_in(
+    target, drafters, forward_calls, where
+):
+    """Issue 50: through ``custom_generate=hf_metasd.generate`` a misspelt keyword got transformers' generic "not used
+    by the model" message; every way in now says what `enable()` says."""
+    setting, place = {"meta_polcy": "ucb"}, "`generate`'s keyword arguments"
+    if where == "generation_config":
+        from transformers import GenerationConfig
+
+        setting, place = {"generation_config": GenerationConfig(**setting)}, "the `GenerationConfig`"
+    _raises_before_compute(
+        forward_calls,
+        MetaSDConfigError,
+        rf"^{place} must use the MetaSD settings {re.escape(str(sorted(META_KWARGS)))}, but has unknown "
+        r"\['meta_polcy'\]\. Did you mean 'meta_policy'\? Fix the spelling or drop the key\.$",
+        lambda: _generate(where, target, PROMPT, 5, assistant_models=drafters, **setting),
+    )
+    fixed = _generate(where, target, PROMPT, 5, assistant_models=drafters, meta_policy="ucb")  # the fix
+    assert torch.equal(fixed, greedy(target, PROMPT, 5))
 
 
 def test_a_removed_setting_without_assistant_models_is_refused_too(target):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 
 import pytest
 import torch
@@ -159,6 +160,22 @@ def test_setting_names_refuse_removed_and_misspelt_settings():
         MetaSDConfigError, match=r"^x must not set `meta_warm_start`, but set it: the setting was removed"
     ):
         check_setting_names(["meta_warm_start"], "x", unknown=False)
+
+
+def test_a_misspelt_setting_names_the_closest_setting_and_a_stranger_key_only_the_list():
+    valid = re.escape(str(sorted(META_KWARGS)))
+    with pytest.raises(
+        MetaSDConfigError,
+        match=rf"^x must use the MetaSD settings {valid}, but has unknown \['meta_polcy'\]\. Did you mean "
+        r"'meta_policy'\? Fix the spelling or drop the key\.$",
+    ):
+        check_setting_names(["meta_polcy"], "x")
+    with pytest.raises(
+        MetaSDConfigError,
+        match=rf"^x must use the MetaSD settings {valid}, but has unknown \['meta_zzz'\]\. Fix the spelling or drop "
+        r"the key\.$",
+    ):
+        check_setting_names(["meta_zzz"], "x")
 
 
 def test_the_generator_takes_one_settings_object():
