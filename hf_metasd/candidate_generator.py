@@ -44,6 +44,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 from .costs import CostModel, cost_key
 from .draft_length import DraftLength, RoundLength
 from .drafters import Drafter, unique_names
+from .drafters.base import check_draft
 from .errors import MetaSDConfigError, MetaSDTypeError, PolicyArmError
 from .feedback import Replay, RoundRewards, replay_applies
 from .kernels import VerificationKernels
@@ -305,6 +306,7 @@ class MetaCandidateGenerator(CandidateGenerator):
                 tokens, logits = self.drafters[arm].draft(
                     input_ids, round_.num_tokens, logits_processor=self.logits_processor, do_sample=self.do_sample
                 )
+            check_draft(self.drafters[arm], tokens, logits)  # ids the target can read, logits that are distributions
             self._last_arm = arm
             if tokens.shape[-1] > 0:
                 tokens, round_.match_class = self._cut(arm, tokens)

@@ -319,7 +319,11 @@ class RoundLength:
         self.plain_arm = plain_arm
 
     def cap(self, sequence_length: int) -> int:
-        """`num_assistant_tokens`, capped by the length budget after a sequence of `sequence_length` tokens."""
+        """`num_assistant_tokens`, capped by the length budget after a sequence of `sequence_length` tokens; 0 after
+        an empty one (a prompt passed as ``inputs_embeds`` alone: the target's first pass reads embeddings that no
+        drafter sees, and would not read a draft)."""
+        if sequence_length == 0:
+            return 0
         cap = self.lengths.max_tokens
         if self.max_length is not None:
             cap = max(0, min(cap, self.max_length - sequence_length - 1))

@@ -31,7 +31,12 @@ target, say) has a float32 gap of whole logits and is reported as an error. On S
 see docs/concepts.md, "The lossless contract", for the measurements. In float32, :math:`\tau = 0`: nothing but
 identity passes.
 
-The check reads raw logits (no logits processor) and needs a float32 copy of the target (`float32_copy`).
+The check needs a float32 copy of the target (`float32_copy`). With the call's logits processors
+(``logits_processor=``: a repetition penalty, a sequence bias, ...) it judges the scores the tokens were chosen
+from: :math:`z` above are then the processed scores (each pass's logits in float32, then the processors, as plain
+`generate` applies them), the tolerance their largest deviation over the tokens both leave finite, and the
+`Divergence` says so (`processed`). Without them it reads raw logits, which a processor that moves the two tokens'
+scores makes the wrong judge.
 
 Example:
     >>> import torch
@@ -67,6 +72,8 @@ class Divergence:
         tolerance: :math:`\\tau = 2\\epsilon` (0 in float32).
         near_tie: ``|gap| <= tolerance`` in a low-precision dtype; always ``False`` in float32.
         dtype: the target's dtype, as a string (``"bfloat16"``).
+        processed: whether `gap` and `tolerance` are of the processed scores (the call's logits processors applied),
+            rather than of raw logits.
     """
 
     position: int
@@ -76,6 +83,7 @@ class Divergence:
     tolerance: float
     near_tie: bool
     dtype: str
+    processed: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the fields."""
@@ -95,11 +103,12 @@ class Divergence:
             return repr(tokenizer.decode([token])) if tokenizer is not None else str(token)
 
         where = f"left plain greedy output at new token {self.position} (plain {name(self.plain_token)}, here {name(self.token)})"
+        scores = "processed-score" if self.processed else "logit"
         if self.near_tie:
-            return f"{where}: a {self.dtype} near-tie, float32 logit gap {abs(self.gap):.3f} <= tolerance {self.tolerance:.3f}"
+            return f"{where}: a {self.dtype} near-tie, float32 {scores} gap {abs(self.gap):.3f} <= tolerance {self.tolerance:.3f}"
         if self.dtype not in {str(d).removeprefix("torch.") for d in LOW_PRECISION_DTYPES}:
             return f"{where}: an ERROR ({self.dtype} output must be identical to plain greedy output)"
-        return f"{where}: NOT a near-tie, an ERROR (float32 logit gap {abs(self.gap):.3f} > tolerance {self.tolerance:.3f})"
+        return f"{where}: NOT a near-tie, an ERROR (float32 {scores} gap {abs(self.gap):.3f} > tolerance {self.tolerance:.3f})"
 
 
 def first_divergence(reference: torch.Tensor, sequence: torch.Tensor, prompt_length: int) -> int | None:
@@ -123,9 +132,15 @@ def float32_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @torch.no_grad()
-def _last_logits(model: torch.nn.Module, prefix: torch.Tensor) -> torch.Tensor:
+def _last_scores(model: torch.nn.Module, prefix: torch.Tensor, logits_processor: Any = None) -> torch.Tensor:
+    """The next-token logits of `model` after `prefix` ``(1, L)``, in float32, through `logits_processor` if given
+    (as plain `generate` processes them), on the CPU."""
     device = next(model.parameters()).device
-    return model(prefix.to(device)).logits[0, -1].float().cpu()
+    prefix = prefix.to(device)
+    scores = model(prefix).logits[:, -1].float()
+    if logits_processor is not None:
+        scores = logits_processor(prefix, scores)
+    return scores[0].cpu()
 
 
 def check_divergence(
@@ -135,6 +150,7 @@ def check_divergence(
     prompt_length: int,
     *,
     target_float32: torch.nn.Module | None = None,
+    logits_processor: Any = None,
 ) -> Divergence | None:
     """Compare `sequence` with plain greedy output `reference` of `target`; ``None`` where they are equal, else the
     first `Divergence`, classified by the module's definition of a near-tie.
@@ -146,6 +162,9 @@ def check_divergence(
         prompt_length: tokens of the prompt at the start of both.
         target_float32: a float32 copy of `target` (`float32_copy`); made here when ``None`` (pass one to check many
             sequences).
+        logits_processor: the call's logits processors (a `LogitsProcessorList`, or any ``f(input_ids, scores)``),
+            when it had any: the near-tie is then judged on the processed scores (module docstring). ``None``: raw
+            logits.
     """
     position = first_divergence(reference, sequence, prompt_length)
     if position is None:
@@ -155,11 +174,14 @@ def check_divergence(
     plain_token = int(reference[0, index]) if index < reference.shape[-1] else None
     token = int(sequence[0, index]) if index < sequence.shape[-1] else None
     name = str(dtype).removeprefix("torch.")
+    processed = logits_processor is not None
     if dtype not in LOW_PRECISION_DTYPES or plain_token is None or token is None:
-        return Divergence(position, plain_token, token, float("nan"), 0.0, False, name)
+        return Divergence(position, plain_token, token, float("nan"), 0.0, False, name, processed)
     prefix = reference[:, :index]
-    z32 = _last_logits(target_float32 if target_float32 is not None else float32_copy(target), prefix)
-    low = _last_logits(target, prefix)
+    float32 = target_float32 if target_float32 is not None else float32_copy(target)
+    z32 = _last_scores(float32, prefix, logits_processor)
+    low = _last_scores(target, prefix, logits_processor)
     gap = float(z32[plain_token] - z32[token])
-    tolerance = 2.0 * float((low - z32).abs().max())
-    return Divergence(position, plain_token, token, gap, tolerance, abs(gap) <= tolerance, name)
+    both = torch.isfinite(z32) & torch.isfinite(low)  # a processor's -inf (a banned token) deviates by nothing
+    tolerance = 2.0 * float((low - z32)[both].abs().max()) if bool(both.any()) else 0.0
+    return Divergence(position, plain_token, token, gap, tolerance, abs(gap) <= tolerance, name, processed)

@@ -10,10 +10,11 @@ reward is in units of the machine's costs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .errors import MetaSDConfigError
+from .errors import MetaSDConfigError, MetaSDTypeError
 from .policies import Policy
 from .reward_memory import RewardMemory
 from .settings import MetaSDSettings
@@ -53,6 +54,8 @@ def set_priors(
             raise MetaSDConfigError(
                 f"`meta_priors` must name arms of this call {list(names)}, but names {unknown}. Fix the names."
             )
+        for name, value in priors.items():
+            _check_prior(name, value, policy)
     means = [None if priors is None else priors.get(name) for name in names]
     learned: dict[str, float] = {}
     if memory is not None and _fresh_policy_takes_priors(settings, policy):
@@ -63,6 +66,22 @@ def set_priors(
         weight = settings.meta_prior_weight
         policy.set_prior(means, **({} if weight is None else {"weight": weight}))
     return learned
+
+
+def _check_prior(name: str, value: Any, policy: Policy) -> None:
+    """Refuse a prior that is not a finite number in the policy's reward range, naming it as the call does (the
+    policy's own check names its list index instead)."""
+    bound = policy.reward_bound()
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and math.isfinite(value) and (bound is None or 0.0 <= value <= bound):
+        return
+    valid = (
+        "a finite float" if bound is None else f"a float in [0, {bound:g}] (the {policy.name!r} policy's reward range)"
+    )
+    raise (MetaSDConfigError if number else MetaSDTypeError)(
+        f"`meta_priors[{name!r}]` must be {valid}, but is {value!r}. Give the arm's expected reward, e.g. 0.4, or "
+        "leave the arm out."
+    )
 
 
 def _chosen(

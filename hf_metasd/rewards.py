@@ -30,12 +30,14 @@ A reward is any callable ``reward(feedback: RoundFeedback) -> float``; `get_rewa
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from .errors import UnknownRewardError
+from .errors import MetaSDConfigError, MetaSDTypeError, UnknownRewardError
 
 __all__ = [
     "COST_AWARE_REWARDS",
@@ -51,6 +53,7 @@ __all__ = [
     "is_cost_aware",
     "is_replayable",
     "register_reward",
+    "reward_value",
     "reward_name",
     "speed",
 ]
@@ -318,6 +321,30 @@ def get_reward(reward: str | Callable[[RoundFeedback], float]) -> Callable[[Roun
     raise UnknownRewardError(
         f"`meta_reward` must be one of {sorted(REWARDS)} or a callable `f(RoundFeedback) -> float`, but is {reward!r}. "
         'Use "speed" (the default), "bd", "be" or "eal".'
+    )
+
+
+def reward_value(reward: Callable[[RoundFeedback], float], feedback: RoundFeedback) -> float:
+    """``reward(feedback)`` as a float, or a `MetaSDTypeError` (not a number) / `MetaSDConfigError` (NaN or
+    infinite) naming `meta_reward` and what it returned: a float that is no reward would reach the policy's
+    arithmetic.
+
+    Example:
+        >>> reward_value(lambda feedback: "0.5", None)
+        Traceback (most recent call last):
+        ...
+        hf_metasd.errors.MetaSDTypeError: `meta_reward` must return a finite float, but <lambda> returned str '0.5'. Return the round's reward as a number, e.g. `float(...)`.
+    """
+    value = reward(feedback)
+    number = (isinstance(value, numbers.Real) and not isinstance(value, bool)) or (
+        isinstance(value, torch.Tensor) and value.numel() == 1 and value.dtype.is_floating_point
+    )
+    if number and math.isfinite(float(value)):
+        return float(value)
+    name = getattr(reward, "__name__", type(reward).__name__)
+    raise (MetaSDConfigError if number else MetaSDTypeError)(
+        f"`meta_reward` must return a finite float, but {name} returned {type(value).__name__} {value!r}. Return "
+        "the round's reward as a number, e.g. `float(...)`."
     )
 
 

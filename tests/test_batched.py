@@ -519,6 +519,35 @@ def test_other_model_inputs_run_plain_rounds(target, pool):
     _plain_rounds(out, "`inputs_embeds` is a model input (rows draft with `input_ids`, `attention_mask` and")
 
 
+@pytest.mark.parametrize(("batch", "with_mask"), [(1, True), (1, False), (2, True)])
+def test_a_prompt_given_as_inputs_embeds_alone_gives_plain_output(target, entry_point, batch, with_mask):
+    """`inputs_embeds` without `input_ids`: the drafters never see the prompt, so the first round is the target's
+    alone (its pass reads the embeddings); one request then drafts from the new tokens, a batch runs plain rounds.
+    The output is plain's: the new tokens."""
+    ids, mask = left_pad(ROWS[1 : 1 + batch])
+    embeds = target.get_input_embeddings()(ids).detach()
+    kwargs = {"inputs_embeds": embeds, "attention_mask": mask} if with_mask else {"inputs_embeds": embeds}
+    plain = target.generate(do_sample=False, max_new_tokens=12, **kwargs)
+    pool = [ModelDrafter(sharpen(tiny_llama(1, layers=1)), name="small"), PromptLookupDrafter()]
+    out = metasd_greedy(
+        target, None, 12, assistant_models=pool, meta_policy="round_robin", return_dict_in_generate=True, **kwargs
+    )
+    assert torch.equal(out.sequences, plain) and out.sequences.shape == (batch, 12)
+    if batch == 1:
+        assert out.metasd.drafted[0] == 0 and sum(out.metasd.drafted) > 0  # the first round plain, then drafts
+    else:
+        _plain_rounds(out, "`inputs_embeds` is a model input")
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_int32_input_ids_come_back_as_plain_returns_them(target, pool, entry_point, batch):
+    ids, mask = left_pad(ROWS[:batch])
+    ids, mask = ids.int(), mask.int()
+    plain = _plain(target, ids, mask, 6)
+    out = _metasd(target, ids, mask, 6, pool)
+    assert out.sequences.dtype == plain.dtype == torch.int64 and torch.equal(out.sequences, plain)
+
+
 def test_a_tensor_parallel_target_runs_plain_rounds(target, pool, monkeypatch):
     """Its ranks would have to agree on every row's drafts: plain rounds (the tiny target stands for a sharded one)."""
     import hf_metasd.batched.plain as plain_module

@@ -227,6 +227,7 @@ def test_errors_refine_builtins():
     assert issubclass(UnknownPolicyError, ValueError) and issubclass(UnknownPolicyError, KeyError)
     assert issubclass(DrafterCompatibilityError, ValueError)
     assert issubclass(PolicyArmError, IndexError)
+    assert issubclass(hf_metasd.MetaSDDrafterError, MetaSDConfigError)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -418,3 +419,38 @@ def test_tri_state_settings_must_be_a_bool_or_none(target, drafters, forward_cal
             assert (out.metasd.drafter_names[-1] == "no_draft") is value
         else:
             assert out.metasd.kernel == ("skinny" if value else "stock")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# a reward callable's return, a prior's value: named as the call knows them
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("returned", "shown"), [("x", "str 'x'"), (float("nan"), "float nan"), (None, "NoneType None")]
+)
+def test_a_reward_callable_must_return_a_finite_number(target, drafters, returned, shown):
+    with pytest.raises(
+        MetaSDTypeError if isinstance(returned, (str, type(None))) else MetaSDConfigError,
+        match=rf"`meta_reward` must return a finite float, but <lambda> returned {shown}\. Return the round's reward "
+        r"as a number, e\.g\. `float\(\.\.\.\)`\.",
+    ):
+        metasd_greedy(target, PROMPT, 5, assistant_models=drafters, meta_policy="ucb", meta_reward=lambda f: returned)
+    out = metasd_greedy(target, PROMPT, 5, assistant_models=drafters, meta_policy="ucb", meta_reward=lambda f: 0.5)
+    assert torch.equal(out, greedy(target, PROMPT, 5))  # the fix: a number
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "shown"),
+    [(float("nan"), MetaSDConfigError, "nan"), ("0.4", MetaSDTypeError, "'0.4'"), (1.5, MetaSDConfigError, "1.5")],
+)
+def test_a_prior_must_be_a_finite_number_in_the_policys_range(target, drafters, forward_calls, value, error, shown):
+    _raises_before_compute(
+        forward_calls,
+        error,
+        rf"`meta_priors\['no_draft'\]` must be a float in \[0, 1\] \(the 'ucb' policy's reward range\), but is "
+        rf"{shown}\. Give the arm's expected reward, e\.g\. 0\.4, or leave the arm out\.",
+        lambda: metasd_greedy(
+            target, PROMPT, 5, assistant_models=drafters, meta_policy="ucb", meta_priors={"no_draft": value}
+        ),
+    )
+    out = metasd_greedy(target, PROMPT, 5, assistant_models=drafters, meta_policy="ucb", meta_priors={"no_draft": 0.4})
+    assert torch.equal(out, greedy(target, PROMPT, 5))  # the fix

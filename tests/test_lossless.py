@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import VOCAB
 from test_architectures import FAMILIES, build, perturbed, skip_if_stateful
+from transformers import LogitsProcessorList, SequenceBiasLogitsProcessor
 
 import hf_metasd
 from hf_metasd.drafters import ModelDrafter, PromptLookupDrafter
@@ -123,6 +124,32 @@ def test_the_near_tie_check_reads_float32_logits(llama_bf16):
     assert divergence.position == 2
     assert divergence.gap == pytest.approx(float(z32[reference[0, -1]] - z32[runner_up]))
     assert divergence.tolerance == pytest.approx(2 * float((z16 - z32).abs().max()))
+
+
+def test_with_a_logits_processor_the_check_judges_the_processed_scores(llama_bf16):
+    """The tokens were chosen from the processed scores: a processor that brings the target's least likely token
+    within a hair of its first choice makes a divergence there a near-tie of the processed scores (their float32
+    gap, the tolerance of their deviation), which the raw logits' whole-logit gap would call an error."""
+    target, target32 = llama_bf16
+    prompt = _prompts(1)[0]
+    with torch.no_grad():
+        z32 = target32(prompt).logits[0, -1]
+        z16 = target(prompt).logits[0, -1].float()
+    first, last = int(z32.argmax()), int(z32.argmin())
+    tolerance = 2 * float((z16 - z32).abs().max())
+    bias = float(z32[first] - z32[last]) - tolerance / 4  # the processed float32 gap: a quarter of the tolerance
+    processors = LogitsProcessorList([SequenceBiasLogitsProcessor([[[last], bias]])])
+    reference = target.generate(prompt, do_sample=False, max_new_tokens=1, logits_processor=processors)
+    other = reference.clone()
+    other[0, -1] = last if int(reference[0, -1]) == first else first  # the other side of the near-tie
+    found = check_divergence(
+        target, reference, other, prompt.shape[1], target_float32=target32, logits_processor=processors
+    )
+    assert found.near_tie and found.processed
+    assert abs(found.gap) == pytest.approx(tolerance / 4, abs=1e-3) and found.tolerance == pytest.approx(tolerance)
+    assert "a bfloat16 near-tie, float32 processed-score gap" in found.describe()
+    raw = check_divergence(target, reference, other, prompt.shape[1], target_float32=target32)
+    assert not raw.near_tie and not raw.processed  # judged on raw logits, the same divergence reads as an error
 
 
 def test_in_float32_every_divergence_is_an_error():

@@ -100,7 +100,9 @@ def generate_batch(
     the sequences and the call's `MetaSDBatchStats` (no cache: its slots are laid out for this loop's mask)."""
     batch, length = input_ids.shape
     mask = model_kwargs.get("attention_mask")
-    mask = torch.ones_like(input_ids) if mask is None else mask
+    # the mask may cover positions before `input_ids` (a prompt passed as `inputs_embeds`, a cache passed in): its
+    # last columns are those of `input_ids`
+    mask = torch.ones_like(input_ids) if mask is None else mask[:, mask.shape[1] - length :]
     rows = [input_ids[b][mask[b].bool()][None] for b in range(batch)]
     clocks = RowClocks(batch)
     key = batch_key(model, batch)

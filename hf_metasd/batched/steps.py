@@ -71,7 +71,10 @@ class PlainSteps:
             int(i) for c in stopping_criteria if isinstance(c, EosTokenCriteria) for i in c.eos_token_id.flatten()
         }
         pad = 0 if pad_token_id is None else int(pad_token_id)
-        self._tokens = input_ids.new_full((self.batch_size, self.prompt_length + self.max_new_tokens), pad)
+        # int64 whatever the prompt's dtype, as plain's output (its new tokens, argmax ids, promote the sequence)
+        self._tokens = input_ids.new_full(
+            (self.batch_size, self.prompt_length + self.max_new_tokens), pad, dtype=torch.long
+        )
         self._tokens[:, : self.prompt_length] = input_ids
         self.pad = pad
         self.produced = [0] * self.batch_size  # tokens each row holds after the prompt

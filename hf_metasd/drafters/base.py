@@ -27,13 +27,13 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..errors import DrafterCompatibilityError, InvalidPoolError
+from ..errors import DrafterCompatibilityError, InvalidPoolError, MetaSDDrafterError
 from .load import LoadContext
 from .save import SaveContext
 from .spec import DrafterSpec
 from .vocab import target_vocab_size
 
-__all__ = ["Drafter", "eval_mode", "int_error", "shared_scope"]
+__all__ = ["Drafter", "check_draft", "eval_mode", "int_error", "shared_scope"]
 
 _SCOPES: dict[Hashable, list[Any]] = {}
 _SCOPES_LOCK = threading.Lock()
@@ -144,6 +144,10 @@ class Drafter(ABC):
     #: Where a pool loaded the drafter from; ``None`` for a drafter built in memory (see the class docstring).
     source: dict[str, Any] | None = None
 
+    #: The target's vocabulary size, set by `spawn` on the call's copy (``None``: not spawned for a target);
+    #: `check_draft` checks the drafted ids against it.
+    target_vocab: int | None = None
+
     def __init__(self, name: str | None = None) -> None:
         self.name = name or self.kind
         self.last_catch_up_tokens = 0
@@ -176,6 +180,8 @@ class Drafter(ABC):
         """
         clone = copy.copy(self)
         clone.reset()
+        if target is not None:
+            clone.target_vocab = target_vocab_size(target)
         return clone
 
     def in_use(self) -> AbstractContextManager[Any]:
@@ -288,3 +294,47 @@ class Drafter(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
+
+
+def check_draft(drafter: Drafter, tokens: torch.Tensor, logits: torch.Tensor | None) -> None:
+    """Refuse a draft the target cannot verify, naming `drafter` (a `MetaSDDrafterError`, before the target's pass):
+    `tokens` ``(1, n)`` outside ``[0, V)`` (V: the target's vocabulary, `Drafter.target_vocab`, else the
+    drafter's own or its logits' width), or `logits` ``(1, n, V)`` that are no distribution at a drafted position
+    (NaN, ``+inf``, every entry ``-inf``). Built-in drafters never return either; one device sync per draft.
+
+    Example:
+        >>> from hf_metasd.drafters import PromptLookupDrafter
+        >>> drafter = PromptLookupDrafter()
+        >>> drafter.target_vocab = 8
+        >>> check_draft(drafter, torch.tensor([[3, 9]]), None)
+        Traceback (most recent call last):
+        ...
+        hf_metasd.errors.MetaSDDrafterError: drafter 'prompt_lookup' must return token ids in [0, 8) (the target's vocabulary), but returned 9 at draft position 1. Fix `PromptLookupDrafter.draft` to return ids of the target's vocabulary (or an empty draft to abstain).
+    """
+    if tokens.shape[-1] == 0:
+        return
+    widths = [drafter.target_vocab, drafter.vocab_size, None if logits is None else logits.shape[-1]]
+    vocab = next((int(w) for w in widths if w is not None), None)
+    flat = tokens.reshape(-1)
+    bad = flat < 0 if vocab is None else (flat < 0) | (flat >= vocab)
+    checks = [bad.any()]
+    if logits is not None:
+        peaks = logits.reshape(-1, logits.shape[-1])[: flat.shape[0]].amax(dim=-1)
+        checks.append((~torch.isfinite(peaks)).any())
+    out_of_range, *no_distribution = torch.stack([c.to(flat.device) for c in checks]).tolist()  # one sync
+    fix = f"`{type(drafter).__name__}.draft`"
+    if out_of_range:
+        at = int(bad.nonzero()[0, 0])
+        interval = "[0, " + ("inf" if vocab is None else str(vocab)) + ")"
+        raise MetaSDDrafterError(
+            f"drafter {drafter.name!r} must return token ids in {interval} (the target's vocabulary), but returned "
+            f"{int(flat[at])} at draft position {at}. Fix {fix} to return ids of the target's vocabulary (or an "
+            "empty draft to abstain)."
+        )
+    if no_distribution and no_distribution[0]:
+        at = int((~torch.isfinite(peaks)).nonzero()[0, 0])
+        raise MetaSDDrafterError(
+            f"drafter {drafter.name!r} must return logits that are a distribution at every drafted position (a finite "
+            f"largest entry), but returned {float(peaks[at])} at draft position {at}. Return an empty draft (it "
+            f"abstains from the round) where its logits are no distribution, or fix {fix}."
+        )

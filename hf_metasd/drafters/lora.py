@@ -143,6 +143,23 @@ class LoraDrafter(ModelDrafter):
             drafters.append(drafter)
         return drafters
 
+    def check_compatible(self, target: Any) -> None:
+        """The vocabulary check, and no arm that would switch the target's own adapter: when the peft model's
+        adapters sit in the target's own layers (``get_peft_model(target, ...)`` wraps the target in place), an arm
+        on another adapter than the active one would have the target verify its drafts under that adapter, not the
+        user's (and it costs a target pass per drafted token anyway). Refused before any compute
+        (`DrafterCompatibilityError`)."""
+        super().check_compatible(target)
+        if self.peft_model.active_adapter != self.adapter_name and _adapts(self.peft_model, target):
+            raise DrafterCompatibilityError(
+                f"drafter {self.name!r} must run on a model apart from the target, but its peft model's adapters are "
+                "in the target's own layers (`get_peft_model(target, ...)` wraps the target in place): drafting with "
+                f"adapter {self.adapter_name!r} would switch the target's active adapter, and the target would verify "
+                "under it. Load the adapters onto a separate copy of the base model (e.g. "
+                "`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter)`), or draft with the "
+                "target's first layers (`EarlyExitDrafter(target, k)`)."
+            )
+
     def _share_head(self, other: ModelDrafter) -> None:
         """Use `other`'s restricted head rows (same base: same LM head) instead of gathering a copy."""
         self.head_token_ids = other.head_token_ids
@@ -292,6 +309,17 @@ class LoraDrafter(ModelDrafter):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, adapter_name={self.adapter_name!r})"
+
+
+def _adapts(peft_model: Any, target: Any) -> bool:
+    """Whether `target` computes with `peft_model`'s adapters: its base is the target, or one of its adapted layers
+    is a module of the target."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    if peft_model.get_base_model() is target:
+        return True
+    adapted = {id(m) for m in peft_model.modules() if isinstance(m, BaseTunerLayer)}
+    return any(id(m) in adapted for m in target.modules())
 
 
 def load_adapters(

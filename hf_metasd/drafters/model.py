@@ -73,6 +73,12 @@ class ModelDrafter(Drafter):
             twice the bfloat16 body's memory and is taken on first use: a drafter whose weights change after that
             keeps drafting from the old copy on catch-ups (still lossless); build a new `ModelDrafter` then.
 
+    Attributes:
+        context_length: the positions the model can take when it learned a table of absolute position embeddings
+            (GPT-2's ``n_positions``, OPT's ``max_position_embeddings``; `context_length_of`), else ``None``. Where
+            the conversation outgrows it, the drafter abstains (`draft` proposes nothing; the round goes to the
+            policy's fallback) and its drafts stop at its last position.
+
     Example:
         >>> import torch
         >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -124,6 +130,7 @@ class ModelDrafter(Drafter):
         # shared by every `spawn`ed copy: the float32 body is built, and the choice made, once per drafter
         self._prefill: dict[str, Any] = {"lock": threading.Lock(), "body": None, "choice": None}
         self._vocab_size = target_vocab_size(model)
+        self.context_length = context_length_of(model)
         self.head_token_ids: torch.Tensor | None = None
         if head_token_ids is not None:
             self.set_head_token_ids(head_token_ids)
@@ -265,8 +272,21 @@ class ModelDrafter(Drafter):
         logits[..., self.head_token_ids] = sub
         return logits
 
+    def _draftable(self, sequence_length: int, num_tokens: int) -> int:
+        """How many of `num_tokens` tokens the drafter can draft after `sequence_length` tokens: its drafting steps
+        feed every drafted token but the last, at positions up to its `context_length` - 1 (0: it abstains)."""
+        if self.context_length is None:
+            return num_tokens
+        return max(0, min(num_tokens, self.context_length - sequence_length + 1))
+
     @torch.no_grad()
     def catch_up(self, input_ids: torch.LongTensor, *, return_logits: bool | int = False) -> torch.Tensor | None:
+        """Ingest what the cache lacks of `input_ids` (see `Drafter.catch_up`); nothing, and ``None``, where the
+        sequence is longer than the drafter's `context_length` (it abstains there)."""
+        if self._draftable(input_ids.shape[1], 1) == 0:
+            self._next_logits = None
+            self.last_catch_up_tokens = 0
+            return None
         input_ids = input_ids.to(self.model.device)
         if self._cache is None:
             self._cache = self._new_cache()
@@ -304,8 +324,12 @@ class ModelDrafter(Drafter):
         from the round (`Drafter.draft`) instead of failing the call. Whether to stop there depends on the drafter's
         own distributions only, so the draft stays a valid proposal for speculative sampling. The steps are checked
         together after the loop (one device sync per draft, not one per token); a sampled step samples from a
-        stand-in distribution meanwhile, whose token is dropped.
+        stand-in distribution meanwhile, whose token is dropped. A drafter with a `context_length` drafts no token
+        past its last position, and none once the sequence is longer than it.
         """
+        num_tokens = self._draftable(input_ids.shape[1], num_tokens)
+        if num_tokens == 0:
+            return input_ids[:, :0], None
         if self._next_logits is None or self._ids.shape[1] != input_ids.shape[1]:
             self.catch_up(input_ids)
         ids = input_ids.to(self.model.device)
@@ -334,6 +358,39 @@ class ModelDrafter(Drafter):
         if kept == 0:
             return ids[:, :0], None
         return torch.cat(tokens[:kept], dim=-1), torch.stack(scores[:kept], dim=1)
+
+
+def context_length_of(model: torch.nn.Module) -> int | None:
+    """The positions `model` can take if it learned absolute position embeddings, else ``None`` (rotary, ALiBi or
+    sinusoidal positions: no table to run past).
+
+    The limit is the config's ``n_positions`` / ``max_position_embeddings`` / ``n_ctx`` when the model holds a table
+    of that many position embeddings: an `nn.Embedding` other than the token embedding with that many rows (OPT's
+    holds two more, its offset).
+
+    Example:
+        >>> from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+        >>> context_length_of(GPT2LMHeadModel(GPT2Config(n_embd=8, n_layer=1, n_head=2, n_positions=16)))
+        16
+        >>> llama = LlamaConfig(vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+        ...                     num_attention_heads=2, max_position_embeddings=16)
+        >>> context_length_of(LlamaForCausalLM(llama)) is None
+        True
+    """
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    limits = [getattr(config, key, None) for key in ("n_positions", "max_position_embeddings", "n_ctx")]
+    limit = next((v for v in limits if isinstance(v, int) and not isinstance(v, bool) and v > 0), None)
+    if limit is None:
+        return None
+    tokens = model.get_input_embeddings()
+    for module in model.modules():
+        if (
+            isinstance(module, torch.nn.Embedding)
+            and module is not tokens
+            and limit <= module.num_embeddings <= limit + 2
+        ):
+            return limit
+    return None
 
 
 @functools.cache

@@ -30,7 +30,7 @@ from ..costs import CostModel
 from ..drafters import Drafter
 from ..policies import Policy
 from ..reward_memory import RewardMemory
-from ..rewards import RoundFeedback, get_reward, is_cost_aware
+from ..rewards import RoundFeedback, get_reward, is_cost_aware, reward_value
 from ..stats import MetaSDStats
 from .counterfactual import counterfactual_feedback
 from .replay import ReplayedRound, replayed_feedback
@@ -131,7 +131,7 @@ class RoundRewards:
         if self.cost_aware and (feedback.arm_seconds is None or feedback.plain_seconds is None):
             return None
         with self.stats.timed("reward"):
-            return float(self.reward(feedback))
+            return reward_value(self.reward, feedback)
 
     def plain_value(self, plain_seconds: float, vocab_size: int) -> float:
         """The reward of a plain step, known without one (the no-draft arm drafts nothing and costs a plain step)."""
@@ -147,7 +147,7 @@ class RoundRewards:
             plain_seconds=plain_seconds,
         )
         with self.stats.timed("reward"):
-            return float(self.reward(plain_round))
+            return reward_value(self.reward, plain_round)
 
     def tell(self, arm: int, reward: float, *, side: bool = False) -> None:
         """Give the policy a reward (a pull's, or with `side` a side observation) and remember it for later calls."""
