@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -52,6 +51,7 @@ from .policies import Policy
 from .priors import set_priors
 from .reward_memory import RewardMemory
 from .rewards import RoundFeedback, is_cost_aware, reward_name
+from .round_context import Round, round_context
 from .settings import MetaSDSettings
 from .stats import MetaSDStats
 
@@ -59,33 +59,6 @@ __all__ = ["NO_DRAFT", "MetaCandidateGenerator"]
 
 #: Telemetry name of the no-draft arm.
 NO_DRAFT = "no_draft"
-
-
-@dataclass
-class _Round:
-    """One round, from `get_candidates` to `update_candidate_strategy`."""
-
-    first: bool  # the call's first round (its pass is the prompt's prefill)
-    start: int  # sequence length at the round's start
-    started: float  # the clock at the round's start
-    arm: int = 0  # the arm whose draft the target verifies (after any fallback)
-    num_tokens: int = 0  # the round's draft length
-    tokens: torch.Tensor | None = None  # (n,) the draft; None: a plain step
-    logits: torch.Tensor | None = None  # (n, V) the drafter's processed logits, if it has any
-    verify_started: float = 0.0
-    abstained: list[int] = field(default_factory=list)
-    prefill_seconds: float = 0.0  # a drafter's first ingest of the prompt: not part of its round cost
-    match_class: int | None = None  # the draft's match class (`hf_metasd.draft_length.match_class`), if it has one
-    kernel: str | None = None  # the verification kernel of the round's pass (None: not chosen per pass)
-
-    @property
-    def drafted(self) -> int:
-        return 0 if self.tokens is None else int(self.tokens.shape[0])
-
-    @property
-    def width(self) -> int:
-        """Tokens of the round's verification pass."""
-        return 1 + self.drafted
 
 
 class MetaCandidateGenerator(CandidateGenerator):
@@ -230,7 +203,7 @@ class MetaCandidateGenerator(CandidateGenerator):
             if replay_applies(settings.meta_replay, do_sample=self.do_sample, reward=reward, policy=policy)
             else None
         )
-        self._pending: _Round | None = None
+        self._pending: Round | None = None
         self._last_arm: int | None = None
         self._seen: set[int] = set()
         self.stats.learned_priors.update(
@@ -254,7 +227,7 @@ class MetaCandidateGenerator(CandidateGenerator):
     ) -> tuple[torch.LongTensor, torch.Tensor | None]:
         """Select an arm, let it draft; returns ``(1, L + n)`` candidate ids and ``(1, n, V)`` logits or None."""
         round_ = self._start_round(input_ids)
-        round_.arm = self._select(round_.first)
+        round_.arm = self._select(round_, input_ids)
         self._draft(round_, input_ids)
         self._start_verification(round_)
         if round_.tokens is None:
@@ -262,22 +235,40 @@ class MetaCandidateGenerator(CandidateGenerator):
         candidates = torch.cat([input_ids, round_.tokens[None].to(input_ids.device)], dim=-1)
         return candidates, None if round_.logits is None else round_.logits[None]
 
-    def _start_round(self, input_ids: torch.LongTensor) -> _Round:
+    def _start_round(self, input_ids: torch.LongTensor) -> Round:
         """The round's record: its start (the clock, the sequence length) and whether it is the call's first."""
         started = self.clock()
         if input_ids.shape[0] != 1:
             raise MetaSDConfigError(
                 f"batch size must be 1 for MetaSD, but is {input_ids.shape[0]}. Call `generate` once per prompt."
             )
-        return _Round(first=self.stats.rounds == 0, start=input_ids.shape[1], started=started)
+        return Round(first=self.stats.rounds == 0, start=input_ids.shape[1], started=started)
 
-    def _select(self, first: bool) -> int:
-        """The policy's arm; the no-draft arm for the calibration round (`RoundRewards.calibrating`)."""
-        if self.rewards.calibrating(first):
+    def _select(self, round_: Round, input_ids: torch.LongTensor) -> int:
+        """The policy's arm; the no-draft arm for the calibration round (`RoundRewards.calibrating`). A contextual
+        policy chooses from the round's context (`hf_metasd.round_context`: the model-free arms' proposals for this
+        position, kept in `round_` as their drafts, and every arm's rate)."""
+        if self.rewards.calibrating(round_.first):
             return self.no_draft_arm
+        if not self.policy.contextual:
+            with self.stats.timed("policy"):
+                choice = self.policy.select()
+            return self._check_arm(choice, "select")
+        with self.stats.timed("draft"):
+            context, round_.previews = round_context(
+                self.drafters,
+                input_ids,
+                lengths=self.lengths,
+                round_length=self.round_length,
+                logits_processor=self.logits_processor,
+                do_sample=self.do_sample,
+                clock=self.clock,
+                optimism=getattr(self.policy, "optimism", 0.0),
+                unseen=set(range(len(self.drafters))) - self._seen,
+            )
         with self.stats.timed("policy"):
-            choice = self.policy.select()
-        return self._check_arm(choice, "select")
+            choice = self.policy.select_in(context)
+        return self._check_arm(choice, "select_in")
 
     def _check_arm(self, choice: Any, method: str) -> int:
         try:
@@ -291,7 +282,7 @@ class MetaCandidateGenerator(CandidateGenerator):
             )
         return arm
 
-    def _draft(self, round_: _Round, input_ids: torch.LongTensor) -> None:
+    def _draft(self, round_: Round, input_ids: torch.LongTensor) -> None:
         """Let the round's arm catch up and draft the length chosen for it (`RoundLength`); on abstention, ask the
         policy's fallback (at most once per arm), which drafts the length chosen for *it*. Leaves the draft, if
         any, in `round_`."""
@@ -302,15 +293,20 @@ class MetaCandidateGenerator(CandidateGenerator):
             if arm == self.no_draft_arm or round_.num_tokens == 0:
                 return
             round_.prefill_seconds += self._catch_up(arm, input_ids)
-            with self.stats.timed("draft"):
-                tokens, logits = self.drafters[arm].draft(
-                    input_ids, round_.num_tokens, logits_processor=self.logits_processor, do_sample=self.do_sample
-                )
+            preview = round_.previews.get(arm)
+            if preview is not None:  # proposed for the round's context: that is its draft
+                tokens, logits, round_.match_class = preview.tokens, None, preview.match_class
+            else:
+                with self.stats.timed("draft"):
+                    tokens, logits = self.drafters[arm].draft(
+                        input_ids, round_.num_tokens, logits_processor=self.logits_processor, do_sample=self.do_sample
+                    )
             check_draft(self.drafters[arm], tokens, logits)  # ids the target can read, logits that are distributions
             self._last_arm = arm
             if tokens.shape[-1] > 0:
-                tokens, round_.match_class = self._cut(arm, tokens)
-                if round_.match_class is not None:
+                if preview is None:
+                    tokens, round_.match_class = self._cut(arm, tokens)
+                if round_.match_class is not None or preview is not None:
                     round_.num_tokens = tokens.shape[-1]
                 round_.tokens = tokens[0]
                 round_.logits = None if logits is None else logits[0, : tokens.shape[-1]]  # (n, V), after any cut
@@ -338,9 +334,11 @@ class MetaCandidateGenerator(CandidateGenerator):
         with self.stats.timed(part):
             self.drafters[arm].catch_up(input_ids)
         self._seen.add(arm)
-        return self.clock() - start if part == "prefill" else 0.0
+        seconds = self.clock() - start if part == "prefill" else 0.0
+        self.lengths.observe_prefill(arm, self.drafters[arm].last_catch_up_tokens if seconds else 0, seconds)
+        return seconds
 
-    def _start_verification(self, round_: _Round) -> None:
+    def _start_verification(self, round_: Round) -> None:
         """Switch to the kernel of the target's pass over this round's tokens (not the first pass: it holds the
         prompt), start its clock, and keep the round for `update_candidate_strategy`."""
         if self.kernels is not None and not round_.first:
@@ -387,9 +385,19 @@ class MetaCandidateGenerator(CandidateGenerator):
         reward = None if feedback is None else self._learn(round_, feedback, input_ids, scores)
         if self.replay is not None:
             self.stats.replay_rewards.append(self._replay(round_, feedback, input_ids, scores.shape[-1]))
+        self._observe_scores(round_, input_ids, scores)
         self._record(round_, min(accepted, kept), kept, reward)
 
-    def _measure(self, round_: _Round, accepted: int) -> float:
+    def _observe_scores(self, round_: Round, input_ids: torch.LongTensor, scores: torch.Tensor) -> None:
+        """Hand the pass's scores to every drafter that learns from them (`Drafter.learns_from_scores`), with the
+        tokens the pass was fed (`Round.fed`); after `_replay`, so that a replayed proposal is what the drafter would
+        have proposed at the round's start."""
+        fed = round_.fed(input_ids)[:, : scores.shape[1]] if round_.start >= 1 else None
+        with self.stats.timed("replay"):
+            for drafter in (d for d in self.drafters if d.learns_from_scores and fed is not None):
+                drafter.observe_scores(fed, scores[:, : fed.shape[1]])
+
+    def _measure(self, round_: Round, accepted: int) -> float:
         """Fold what the round measured into the call's estimates, and return the round's wall time: the kernel's
         pass cost (`VerificationKernels.after_pass`), the verification cost by length, the arm's acceptance and
         drafting time (`DraftLength`), the round's cost (`CostModel`: the arm's, or a plain step's)."""
@@ -413,7 +421,7 @@ class MetaCandidateGenerator(CandidateGenerator):
                 )
         return seconds
 
-    def _feedback(self, round_: _Round, scores: torch.Tensor, accepted: int, seconds: float) -> RoundFeedback | None:
+    def _feedback(self, round_: Round, scores: torch.Tensor, accepted: int, seconds: float) -> RoundFeedback | None:
         """The round as the reward sees it (`RoundRewards.feedback`; changes nothing), or None when the policy is not
         to learn from it."""
         return self.rewards.feedback(
@@ -428,7 +436,7 @@ class MetaCandidateGenerator(CandidateGenerator):
         )
 
     def _learn(
-        self, round_: _Round, feedback: RoundFeedback, input_ids: torch.LongTensor, scores: torch.Tensor
+        self, round_: Round, feedback: RoundFeedback, input_ids: torch.LongTensor, scores: torch.Tensor
     ) -> float | None:
         """The policy learns the round's reward (`RoundRewards.learn`) and, with a full-information policy, every
         drafter's; returns the round's reward (None while its costs are unknown)."""
@@ -438,7 +446,7 @@ class MetaCandidateGenerator(CandidateGenerator):
         return reward
 
     def _replay(
-        self, round_: _Round, feedback: RoundFeedback | None, input_ids: torch.LongTensor, vocab_size: int
+        self, round_: Round, feedback: RoundFeedback | None, input_ids: torch.LongTensor, vocab_size: int
     ) -> list[tuple[int, float]]:
         """Replayed rounds (see the module docstring): the replayed arms propose for this round (each proposal's
         round cost, proposing plus this verification, into `CostModel`), and every proposal the sequence now decides
@@ -463,6 +471,7 @@ class MetaCandidateGenerator(CandidateGenerator):
                     vocab_size=vocab_size,
                     cut=self._cut,
                     skip={round_.arm, *round_.abstained},
+                    given={arm: (p.proposal, p.match_class) for arm, p in round_.previews.items()},
                 )
             for replayed in proposed if verify is not None else ():  # its round's cost: proposing, this verification
                 self.costs.observe(replayed.arm, verify + replayed.seconds)
@@ -475,7 +484,7 @@ class MetaCandidateGenerator(CandidateGenerator):
             decided, sequence, vocab_size, observe_no_draft=round_.arm != self.no_draft_arm
         )
 
-    def _record(self, round_: _Round, accepted: int, kept: int, reward: float | None) -> None:
+    def _record(self, round_: Round, accepted: int, kept: int, reward: float | None) -> None:
         """The round's telemetry (`MetaSDStats`)."""
         stats = self.stats
         stats.arms.append(round_.arm)

@@ -68,8 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--hf-assisted",
         default="kinds",
-        choices=["all", "kinds", "none"],
-        help="transformers' assisted generation per drafter: all, one per drafter kind (default), none",
+        choices=["all", "kinds", "defaults", "none"],
+        help="transformers' assisted generation per drafter: all, one per drafter kind (default; each with MetaSD's "
+        "draft length and with transformers' own defaults), defaults (one per kind, transformers' defaults only), none",
     )
     p.add_argument(
         "--untrained",

@@ -262,19 +262,71 @@ class DraftLength:
         cap = self.max_tokens if cap is None else min(cap, self.max_tokens)
         if cap <= 0:
             return 0
+        return self.value(arm, cap, match_class)[0]
+
+    def value(
+        self,
+        arm: int,
+        cap: int | None = None,
+        match_class: int | None = None,
+        extra_seconds: float = 0.0,
+        *,
+        exact: bool = False,
+        bonus: float = 0.0,
+        per_token: float = 0.0,
+    ) -> tuple[int, float | None]:
+        r"""The length `choose` picks and its expected tokens per second, :math:`E_a(n^*) / (n^* \hat d_a + \hat
+        v(n^* + 1) + s + u E_a(n^*))` with `extra_seconds` :math:`s` and `per_token` :math:`u` seconds per expected
+        token added to the round's cost (with `exact`: at the cap itself, as ``meta_draft_length="fixed"`` drafts),
+        and with `bonus` :math:`b` each rate raised to :math:`\min(1, \hat p_{a,j} + b / \sqrt{T_{a,j} + 1})`
+        (optimism that fades as the arm's rounds reach position :math:`j`); the rate is ``None`` (and the length the
+        cap) while a verification length up to the cap is unmeasured and cannot be guessed.
+
+        Example:
+            >>> lengths = DraftLength(num_arms=1, max_tokens=2)
+            >>> lengths.observe_verification(1, 0.1); lengths.observe_verification(1, 0.1)
+            >>> lengths.value(0)          # nothing else measured: 2 and 3 tokens guessed at 0.1 s; E(2) = 1.75
+            (2, 17.5)
+        """
+        cap = self.max_tokens if cap is None else min(cap, self.max_tokens)
+        if cap <= 0:
+            return 0, None
         verify = self.verification_seconds()
         if any(v is None for v in verify[1 : cap + 1]):
-            return cap  # no verification pass measured yet: nothing to compare with
+            return cap, None  # no verification pass measured yet: nothing to compare with
         rates = self.acceptance(arm, cap, match_class)
+        if bonus > 0:
+            tried = self._tried[arm]
+            rates = [
+                min(1.0, p + bonus / (1.0 + (tried[j] if j < len(tried) else 0.0)) ** 0.5) for j, p in enumerate(rates)
+            ]
         step = self.draft_seconds(arm)
         best, best_value, expected, survive = cap, -1.0, 1.0, 1.0
         for n in range(1, cap + 1):
             survive *= rates[n - 1]
             expected += survive
-            value = expected / (n * step + verify[n])
-            if value >= best_value:
+            value = expected / (n * step + verify[n] + extra_seconds + per_token * expected)
+            if value >= best_value and (not exact or n == cap):
                 best, best_value = n, value
-        return best
+        return best, best_value
+
+    def observe_prefill(self, arm: int, num_tokens: int, seconds: float) -> None:
+        """Fold `arm`'s prompt prefill of `num_tokens` tokens into its seconds per prefilled token (kept per process and
+        target, as verification costs: a later call predicts its prefill from it)."""
+        if num_tokens > 0 and self._cache is not None:
+            key = ("prefill", self.keys[arm], self._threads)
+            old, rate = self._cache.get(key), seconds / num_tokens
+            self._cache[key] = rate if old is None else (1 - self.smoothing) * old + self.smoothing * rate
+
+    def prefill_seconds(self, arm: int, num_tokens: int) -> float:
+        """`arm`'s predicted prompt prefill of `num_tokens` tokens (0.0 until one is measured: optimistic)."""
+        rate = None if self._cache is None else self._cache.get(("prefill", self.keys[arm], self._threads))
+        return 0.0 if rate is None else rate * num_tokens
+
+    def plain_value(self) -> float | None:
+        r"""Tokens per second of a plain step, :math:`1 / \hat v(1)` (``None`` until one is measured)."""
+        first = self._verify[1]
+        return None if first is None else 1.0 / first[0]
 
     def summary(self) -> dict[int, float]:
         """Measured seconds of a verification pass by number of tokens (telemetry)."""

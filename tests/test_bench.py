@@ -88,7 +88,11 @@ def test_transformers_baselines_one_per_kind(bench_setup):
     # both drafters are assistant models: the first one stands for the kind, like for like and with transformers' defaults
     assert kinds == ["hf-assisted[qa]", "hf-assisted[qa] (hf defaults)"]
     assert not [m for m in build_methods(pool, transformers_baselines="none") if m.kind == "transformers"]
-    with pytest.raises(ValueError, match=r"`transformers_baselines` must be 'all', 'kinds' or 'none', but is 'some'"):
+    defaults = [m.name for m in build_methods(pool, transformers_baselines="defaults") if m.kind == "transformers"]
+    assert defaults == ["hf-assisted[qa] (hf defaults)"]  # transformers' own defaults only
+    with pytest.raises(
+        ValueError, match=r"`transformers_baselines` must be 'all', 'kinds', 'defaults' or 'none', but is 'some'"
+    ):
         build_methods(pool, transformers_baselines="some")
 
 

@@ -23,6 +23,7 @@ from hf_metasd.drafters import (
     LoraDrafter,
     ModelDrafter,
     PromptLookupDrafter,
+    TokenRecyclingDrafter,
     as_drafters,
     prompt_lookup_candidates,
     register_drafter_kind,
@@ -62,7 +63,15 @@ FACTORIES = {
     ],
     # a drafter with its own tokenizer (other ids, 2-character merges); the tokenizers are built in memory
     "other_tokenizer": other_tokenizer_pool,
+    # a table of the target's own next tokens, warmed on its answers to other prompts: it drafts from the start
+    "token_recycling": lambda target: [_warm_recycling(target)],
 }
+
+
+def _warm_recycling(target) -> TokenRecyclingDrafter:
+    drafter = TokenRecyclingDrafter()
+    drafter.warm_start(target, [greedy(target, p, MAX_NEW)[0].tolist() for p in prompts(6, seed=7)])
+    return drafter
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +143,7 @@ def test_every_kind_is_lossless(target, references, kind):
         assert torch.equal(out.sequences, reference), f"{kind} changed the greedy output"
         assert out.metasd.drafter_names == [d.name for d in pool] + ["no_draft"]
         accepted += sum(out.metasd.accepted)
-    if kind in ("prompt_lookup", "early_exit"):
+    if kind in ("prompt_lookup", "early_exit", "token_recycling"):
         assert accepted > 0  # the drafter really drafted something the target kept
 
 

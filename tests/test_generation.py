@@ -27,6 +27,8 @@ def pools(drafters, target_copy):
 
 
 def _policy_kwargs(name: str, pool_size: int) -> dict:
+    if name == "precedence":
+        return {"copier": 0, "model": pool_size - 1}
     return {"arm": pool_size - 1} if name == "fixed" else {}
 
 

@@ -34,16 +34,18 @@ BUILTINS = [
     "exp3",
     "fixed",
     "hedge",
+    "precedence",
     "random",
     "round_robin",
     "sliding_window_ucb",
     "successive_halving",
     "thompson",
+    "throughput",
     "ucb",
     "ucb_scaled",
     "ucb_v",
 ]
-NON_LEARNING = {"fixed", "random", "round_robin"}
+NON_LEARNING = {"fixed", "precedence", "random", "round_robin"}
 
 
 def feed(policy: Policy, history: list[tuple[int, float]]) -> None:

@@ -27,7 +27,16 @@ BUILTINS = sorted(
     n for n, cls in POLICY_REGISTRY.items() if cls.__module__.startswith("hf_metasd.policies.")
 )  # collected before any test registers its own
 UNIT_REWARD = {"discounted_ucb", "exp3", "hedge", "sliding_window_ucb", "thompson", "ucb", "ucb_v"}
-ANY_REWARD = {"epsilon_greedy", "fixed", "random", "round_robin", "successive_halving", "ucb_scaled"}
+ANY_REWARD = {
+    "epsilon_greedy",
+    "fixed",
+    "precedence",
+    "random",
+    "round_robin",
+    "successive_halving",
+    "throughput",
+    "ucb_scaled",
+}
 
 
 # ---------------------------------------------------------------------------------------------------- settings objects

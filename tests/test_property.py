@@ -157,6 +157,8 @@ def _resolve(combo: dict[str, Any], target, pool: list) -> tuple[dict[str, Any],
     }
     if combo["policy"] == "fixed":
         meta["meta_policy_kwargs"] = {"arm": min(int(combo["fixed_arm"] * num_arms), num_arms - 1)}
+    elif combo["policy"] == "precedence":  # the first arm as the copier, the last as the model drafter
+        meta["meta_policy_kwargs"] = {"copier": 0, "model": num_arms - 1}
     described = {"pool": combo["pool"], "entry": combo["entry"], "prompt": prompt.tolist(), **kwargs, **meta}
     if stop is not None:
         described["stopping_criteria"] = f"{stop[0]} {stop[1]}"
@@ -298,6 +300,8 @@ def test_sampling_follows_the_targets_distribution(small, index):
     policy_kwargs = (
         {"arm": min(int(combo["fixed_arm"] * num_arms), num_arms - 1)} if combo["policy"] == "fixed" else {}
     )
+    if combo["policy"] == "precedence":
+        policy_kwargs = {"copier": 0, "model": num_arms - 1}
     policy = get_policy(combo["policy"], policy_kwargs)  # one instance for every sample: it keeps learning
     kwargs = {
         "max_new_tokens": combo["max_new_tokens"],

@@ -320,7 +320,7 @@ def test_model_drafters_and_feature_heads_are_refused_before_any_weight_is_read(
     monkeypatch.setattr(type(drafter), "from_spec", classmethod(lambda *a: pytest.fail("weights were read")))
     with pytest.raises(
         DrafterCompatibilityError,
-        match=rf"pool drafter 'small' must be of a model-free kind \['corpus', 'prompt_lookup'\] to draft inside "
+        match=rf"pool drafter 'small' must be of a model-free kind \['corpus', 'prompt_lookup', 'token_recycling'\] to draft inside "
         rf"vLLM's proposer, but is of kind '{kind}'\. Save the pool without it, or serve a model drafter or feature "
         r"head with vLLM's own `draft_model` or `eagle3` method\.",
     ):
@@ -362,7 +362,7 @@ def test_a_pool_built_in_memory_with_a_model_drafter_is_refused_too(monkeypatch)
     monkeypatch.setattr(proposer_module, "load_pool", lambda *args, **kw: pool)
     with pytest.raises(
         DrafterCompatibilityError,
-        match=r"pool drafter 'small' must be of a model-free kind \['corpus', 'prompt_lookup'\] to draft inside "
+        match=r"pool drafter 'small' must be of a model-free kind \['corpus', 'prompt_lookup', 'token_recycling'\] to draft inside "
         r"vLLM's proposer, but is of kind 'assistant_model'\. Drop it from the pool\.",
     ):
         MetaSDProposer(vllm_config())

@@ -23,7 +23,14 @@ from ..policies import get_policy
 from ..settings import DEFAULTS
 from .prompts import BenchPrompt
 
-__all__ = ["DEFAULT_POLICIES", "Method", "build_methods", "transformers_assisted_kwargs", "untrained_drafters"]
+__all__ = [
+    "DEFAULT_POLICIES",
+    "Method",
+    "build_methods",
+    "precedence_arms",
+    "transformers_assisted_kwargs",
+    "untrained_drafters",
+]
 
 #: Policies compared besides the pool's defaults: (method name, policy, reward, extra `generate` kwargs).
 DEFAULT_POLICIES: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
@@ -36,6 +43,9 @@ DEFAULT_POLICIES: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     ("thompson", "thompson", "speed", {}),
     ("successive_halving", "successive_halving", "speed", {}),
     ("random", "random", "speed", {}),
+    # the serving engines' fixed rule: the pool's first copier (a drafter scoring its matches) when its match is at
+    # least 4 tokens, else its first model drafter (arms filled in by `build_methods`; left out without them)
+    ("precedence", "precedence", "speed", {}),
     ("metasd (stock kernels)", None, None, {"meta_skinny_gemm": False}),
     ("metasd (fixed draft length)", None, None, {"meta_draft_length": "fixed"}),
 )
@@ -117,6 +127,20 @@ def untrained_drafters(target: Any, count: int, *, num_layers: int = 2, seed: in
     return drafters
 
 
+def precedence_arms(drafters: Sequence[Drafter]) -> dict[str, int] | None:
+    """The ``precedence`` policy's arms over `drafters`: the first copier (a drafter that scores its matches, such as
+    a corpus drafter) and the first model drafter; None without either.
+
+    Example:
+        >>> from hf_metasd.drafters import CorpusDrafter, PromptLookupDrafter
+        >>> precedence_arms([PromptLookupDrafter(), CorpusDrafter.from_sequences([[1, 2, 3]])]) is None
+        True
+    """
+    copier = next((i for i, d in enumerate(drafters) if d.scores_matches), None)
+    model = next((i for i, d in enumerate(drafters) if isinstance(d, ModelDrafter)), None)
+    return None if copier is None or model is None else {"copier": copier, "model": model}
+
+
 def build_methods(
     pool: Any,
     *,
@@ -138,7 +162,9 @@ def build_methods(
         num_assistant_tokens: the draft length of every method (default: the pool's).
         policies: `DEFAULT_POLICIES`-style rows; a row's None policy or reward keeps the pool's.
         transformers_baselines: transformers' assisted generation with ``"all"`` drafters, the first drafter of
-            each kind (``"kinds"``, default: LoRA arms of one base differ only by their adapter) or ``"none"``.
+            each kind (``"kinds"``, default: LoRA arms of one base differ only by their adapter), the same with
+            transformers' own defaults only (``"defaults"``: its dynamic draft length, prompt lookup's 10 tokens) or
+            ``"none"``.
             When no drafter of the pool has a transformers equivalent (a pool of corpora), transformers' prompt
             lookup stands in, so that the run still compares with stock transformers.
         transformers_defaults: also run each of those with transformers' own default settings.
@@ -171,15 +197,20 @@ def build_methods(
         baseline_drafters = list(drafters)
     elif transformers_baselines == "kinds":  # the first drafter of each kind (LoRA arms: the first adapter)
         baseline_drafters = list({d.kind: d for d in reversed(drafters)}.values())[::-1]
+    elif transformers_baselines == "defaults":  # the first drafter of each kind, with transformers' defaults only
+        baseline_drafters = list({d.kind: d for d in reversed(drafters)}.values())[::-1]
+        transformers_defaults = True
     elif transformers_baselines in (False, "none"):
         baseline_drafters = []
     else:
         raise ValueError(
-            f"`transformers_baselines` must be 'all', 'kinds' or 'none', but is {transformers_baselines!r}. Pick one."
+            f"`transformers_baselines` must be 'all', 'kinds', 'defaults' or 'none', but is {transformers_baselines!r}. "
+            "Pick one."
         )
     before = len(methods)
+    like_for_like = transformers_baselines != "defaults"
     for drafter in baseline_drafters:
-        kwargs = transformers_assisted_kwargs(drafter, n, target=target)
+        kwargs = transformers_assisted_kwargs(drafter, n, target=target) if like_for_like else None
         if kwargs is not None:
             methods.append(
                 Method(f"hf-assisted[{drafter.name}]", "transformers", lambda prompt, k=kwargs: k, kernel="metasd")
@@ -192,7 +223,10 @@ def build_methods(
     if baseline_drafters and len(methods) == before:  # no drafter has a transformers equivalent
         lookup = PromptLookupDrafter()
         kwargs, defaults = transformers_assisted_kwargs(lookup, n), transformers_assisted_kwargs(lookup, None)
-        methods.append(Method(f"hf-assisted[{lookup.name}]", "transformers", lambda p, k=kwargs: k, kernel="metasd"))
+        if like_for_like:
+            methods.append(
+                Method(f"hf-assisted[{lookup.name}]", "transformers", lambda p, k=kwargs: k, kernel="metasd")
+            )
         if transformers_defaults:
             methods.append(
                 Method(f"hf-assisted[{lookup.name}] (hf defaults)", "transformers", lambda p, k=defaults: k)
@@ -204,6 +238,11 @@ def build_methods(
             )
     for method_name, policy, reward, *extra in policies:
         kwargs = dict(extra[0]) if extra else {}
+        if policy == "precedence":
+            arms = precedence_arms(drafters)
+            if arms is None:
+                continue
+            kwargs["meta_policy_kwargs"] = arms
         if policy is not None:
             kwargs["meta_policy"] = policy
         if reward is not None:

@@ -33,6 +33,7 @@ __all__ = [
     "load_embedded_pool",
     "load_default_target",
     "load_qwen_coder",
+    "quantize_int8",
 ]
 
 logger = logging.getLogger(__name__)
@@ -225,6 +226,32 @@ def load_qwen_coder(size: str, dtype: torch.dtype = torch.float32, cache_dir: st
     tokenizer = AutoTokenizer.from_pretrained(cache)
     model = AutoModelForCausalLM.from_pretrained(cache, dtype=dtype).eval()
     return model, tokenizer
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with its linear layers in int8 (torch's dynamic quantization, one scale per output channel; CPU): a
+    drafter about three times cheaper per token on a CPU whose decoding is bound by memory bandwidth, whose drafts the
+    target verifies like any other's (so the output does not change). The embeddings stay float32. Returns a
+    quantized copy; `model` is left as it is.
+
+    Example:
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        ...                   num_attention_heads=2, num_key_value_heads=1)
+        >>> small = quantize_int8(LlamaForCausalLM(cfg))
+        >>> type(small.lm_head).__module__
+        'torch.ao.nn.quantized.dynamic.modules.linear'
+    """
+    import copy
+    import warnings
+
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    with warnings.catch_warnings():  # torch's notice that its quantized tensors move to torchao
+        warnings.simplefilter("ignore")
+        return quantize_dynamic(
+            copy.deepcopy(model).eval(), {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------------

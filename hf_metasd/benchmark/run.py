@@ -197,11 +197,14 @@ def check_drafter_dtype(drafter_dtype: str | None, models: str, pool: str | None
 
 
 #: The ``--models qwen`` pool's arm names, in order.
-QWEN_ARMS = ("qwen2.5-coder-0.5b", "smollm2-135m", "early_exit_4", "prompt_lookup", "corpus_all")
+QWEN_ARMS = ("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-int8", "prompt_lookup", "corpus_all", "token_recycling")
 #: The ``--models qwen`` pool's corpus (``corpus_all``): Qwen2.5-Coder-1.5B's own greedy answers to training prompts
 #: (package data, written by `recipes/pools/build_qwen_corpus.py`).
 QWEN_CORPUS_DIR = Path(__file__).resolve().parents[1] / "data" / "qwen_corpus"
-#: The ``--models qwen`` pool's priors, measured on dev prompts by `recipes/pools/qwen_pool_priors.py` (package data).
+#: The ``--models qwen`` pool's token recycling table, warmed on those answers behind their prompts (package data,
+#: written by `recipes/pools/build_qwen_recycling.py`).
+QWEN_RECYCLING_DIR = Path(__file__).resolve().parents[1] / "data" / "qwen_recycling"
+#: The ``--models qwen`` pool's defaults: its policy and priors, measured on dev prompts (package data).
 QWEN_POOL_FILE = Path(__file__).resolve().parents[1] / "data" / "qwen_pool.json"
 
 
@@ -214,32 +217,43 @@ def load_pool(
     drafter_dtype: str | None = None,
     priors: bool = True,
 ) -> Any:
-    """The embedded pool for SmolLM2 (or `pool`). For ``"qwen"``, a heterogeneous pool for Qwen2.5-Coder-1.5B:
-    Qwen2.5-Coder-0.5B (same tokenizer: strong, costly), SmolLM2-135M-Instruct through `TokenizerBridgeDrafter`
-    (another tokenizer: cheap), the target's first 4 layers (early exit), prompt lookup and a corpus drafter over the
-    1.5B's own answers to training prompts (`QWEN_CORPUS_DIR`, with context lookup); the two drafter models
-    in `drafter_dtype` (default: `dtype`, the target's). With `priors`, the qwen pool carries the priors in
-    `QWEN_POOL_FILE` (each arm's measured speed alone on dev prompts) when that file exists."""
+    """The embedded pool for SmolLM2 (or `pool`). For ``"qwen"``, a pool for Qwen2.5-Coder-1.5B of one model drafter
+    in two forms and three free copiers: Qwen2.5-Coder-0.5B (same tokenizer: strong, costly) in `drafter_dtype`
+    (default `dtype`, the target's) and on a CPU target also with its linear layers in int8 (`quantize_int8`: cheaper,
+    less often right; which pays is the policy's to measure), prompt lookup, a corpus drafter over the 1.5B's own
+    answers to training prompts (`QWEN_CORPUS_DIR`, with context lookup) and token recycling (`QWEN_RECYCLING_DIR`'s
+    warm table when it exists), under the policy `QWEN_POOL_FILE` names. With `priors`, the pool carries that file's
+    priors (each arm's speed alone on dev prompts, for the policies that read priors)."""
     from .offline import load_embedded_pool
 
     check_drafter_dtype(drafter_dtype, models, pool)
     if models != "qwen" or pool:
         return load_embedded_pool(target, pool)
-    from ..drafters import CorpusDrafter, EarlyExitDrafter, ModelDrafter, PromptLookupDrafter, TokenizerBridgeDrafter
+    from ..drafters import CorpusDrafter, ModelDrafter, PromptLookupDrafter, TokenRecyclingDrafter
     from ..pool import DrafterPool
-    from .offline import load_default_target, load_qwen_coder
+    from .offline import load_qwen_coder, quantize_int8
 
     qwen, _ = load_qwen_coder("0.5b", getattr(torch, drafter_dtype or dtype))
-    smol, smol_tokenizer = load_default_target(getattr(torch, drafter_dtype or dtype))
+    table = TokenRecyclingDrafter.read_table(QWEN_RECYCLING_DIR) if QWEN_RECYCLING_DIR.is_dir() else None
+    models = [ModelDrafter(qwen, name=QWEN_ARMS[0])]
+    if target.device.type == "cpu":  # dynamic int8 quantization is a CPU kernel
+        models.append(ModelDrafter(quantize_int8(qwen.float()), name=QWEN_ARMS[1]))
     drafters = [
-        ModelDrafter(qwen, name=QWEN_ARMS[0]),
-        TokenizerBridgeDrafter(smol, smol_tokenizer, target_tokenizer=tokenizer, name=QWEN_ARMS[1]),
-        EarlyExitDrafter(target, num_layers=4, name=QWEN_ARMS[2]),
-        PromptLookupDrafter(name=QWEN_ARMS[3]),
-        CorpusDrafter.from_folder(QWEN_CORPUS_DIR, name=QWEN_ARMS[4], context_lookup=True),
+        *models,
+        PromptLookupDrafter(name=QWEN_ARMS[2]),
+        CorpusDrafter.from_folder(QWEN_CORPUS_DIR, name=QWEN_ARMS[3], context_lookup=True),
+        TokenRecyclingDrafter(name=QWEN_ARMS[4], table=table),
     ]
-    measured = json.loads(QWEN_POOL_FILE.read_text())["priors"] if priors and QWEN_POOL_FILE.is_file() else None
-    return DrafterPool(drafters, target=target, tokenizer=tokenizer, priors=measured)
+    saved = json.loads(QWEN_POOL_FILE.read_text()) if QWEN_POOL_FILE.is_file() else {}
+    measured = {k: v for k, v in saved.get("priors", {}).items() if k in (*QWEN_ARMS, "no_draft")} if priors else {}
+    return DrafterPool(
+        drafters,
+        target=target,
+        tokenizer=tokenizer,
+        policy=saved.get("policy", "throughput"),
+        num_assistant_tokens=saved.get("measured_on", {}).get("num_assistant_tokens", 8),
+        priors=measured or None,
+    )
 
 
 def run_demo(

@@ -26,6 +26,7 @@ from .prompt_lookup import PromptLookupDrafter, prompt_lookup_candidates
 from .registry import DRAFTER_KINDS, register_drafter_kind
 from .save import SaveContext
 from .spec import DrafterSpec
+from .token_recycling import RecyclingTable, TokenRecyclingDrafter
 from .vocab import target_vocab_size, tokenizer_fingerprint
 
 __all__ = [
@@ -40,7 +41,9 @@ __all__ = [
     "LoraDrafter",
     "ModelDrafter",
     "PromptLookupDrafter",
+    "RecyclingTable",
     "SaveContext",
+    "TokenRecyclingDrafter",
     "TokenizerBridgeDrafter",
     "as_drafters",
     "early_exit_model",

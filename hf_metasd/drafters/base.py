@@ -137,6 +137,10 @@ class Drafter(ABC):
     #: the match's class (`hf_metasd.draft_length.match_class`).
     scores_matches: ClassVar[bool] = False
 
+    #: Whether the drafter learns from the target's scores of every verification pass (`observe_scores`; token
+    #: recycling): after each round the call hands it the pass's scores, whichever arm drafted the round.
+    learns_from_scores: ClassVar[bool] = False
+
     #: The target layers whose features the drafter reads (white-box drafters: `observe`); ``None`` for one that
     #: reads none. A call records these layers' inputs during its verification passes only when a drafter has some.
     layer_ids: tuple[int, ...] | None = None
@@ -208,6 +212,12 @@ class Drafter(ABC):
         """Take the target's features ``(1, T, k H)`` at `layer_ids` for the kept positions ``start .. start + T - 1``
         of the sequence, and the ids ``(1, T)`` of the tokens that follow them (called after every round on the
         drafters whose `layer_ids` is not ``None``); the default does nothing."""
+
+    def observe_scores(self, tokens: torch.LongTensor, scores: torch.Tensor) -> None:
+        """Take one verification pass's processed scores ``(1, k, V)`` after each of the `tokens` ``(1, k)`` it was
+        fed (the last kept token, then the drafted ones, accepted or not); called after every round on the drafters
+        whose `learns_from_scores` is true (after the round's replayed proposals were made); the default does
+        nothing."""
 
     @abstractmethod
     def draft(

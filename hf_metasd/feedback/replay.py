@@ -9,7 +9,7 @@ observations of the policy.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,19 +167,24 @@ class Replay:
         vocab_size: int | None = None,
         cut: Callable[[int, torch.LongTensor], tuple[torch.LongTensor, int | None]] | None = None,
         skip: Sequence[int] = (),
+        given: Mapping[int, tuple[torch.LongTensor, int | None]] | None = None,
     ) -> list[ReplayedRound]:
         """What each replayed arm not in `skip` would have drafted after `prefix` ``(1, start)``: `num_tokens(arm)`
-        tokens, cut by `cut(arm, tokens)` (``(tokens, match class)``; default: as proposed). `first_token` is the
-        target's token at `start` when known. An arm that would have abstained proposes nothing, as in a real round.
-        The proposals wait for `decided`; returns them."""
+        tokens, cut by `cut(arm, tokens)` (``(tokens, match class)``; default: as proposed), or the ``(tokens, match
+        class)`` `given` for it (already proposed at this position, e.g. for the round's context). `first_token` is
+        the target's token at `start` when known. An arm that would have abstained proposes nothing, as in a real
+        round. The proposals wait for `decided`; returns them."""
         allowed = self._first_position_filter(prefix, vocab_size)
         proposed = []
         for arm in self.arms:
             if arm in skip:
                 continue
             begin = self.clock()
-            tokens = self._draft(arm, prefix, num_tokens(arm), first_token, allowed)
-            tokens, match = cut(arm, tokens) if cut is not None else (tokens, None)
+            if given is not None and arm in given:
+                tokens, match = given[arm]
+            else:
+                tokens = self._draft(arm, prefix, num_tokens(arm), first_token, allowed)
+                tokens, match = cut(arm, tokens) if cut is not None else (tokens, None)
             if tokens.shape[-1] > 0:
                 proposed.append(ReplayedRound(arm, start, tokens[0].tolist(), self.clock() - begin, match))
         self._waiting.extend(proposed)

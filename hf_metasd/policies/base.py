@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from .._validation import check_real, check_unit_reward
+from .context import RoundContext
 from .mapping import POLICY_REGISTRY
 from .settings import PolicySettings, setting
 
@@ -81,6 +82,9 @@ class Policy(ABC):
     #: False for policies whose choices ignore rewards (fixed, random, round robin): nothing is measured for them.
     uses_rewards: ClassVar[bool] = True
     full_information: ClassVar[bool] = False
+    #: True for policies that choose from what is known about each arm before the round drafts (`select_in` reads a
+    #: `~hf_metasd.policies.context.RoundContext`: ``throughput``); the candidate generator then computes it.
+    contextual: ClassVar[bool] = False
     #: True for policies whose estimates are per-drafter sample statistics (means, variances, posteriors): a reward
     #: known without pulling the drafter is one more sample, and `observe` records it like `update`.
     learns_side_observations: ClassVar[bool] = False
@@ -165,6 +169,10 @@ class Policy(ABC):
     @abstractmethod
     def select(self) -> int:
         """Return the index of the drafter that drafts the next round."""
+
+    def select_in(self, context: RoundContext) -> int:
+        """The arm of a round whose `context` is known (a contextual policy's choice); default: `select`."""
+        return self.select()
 
     def fallback(self, exclude: set[int]) -> int | None:
         """The arm that drafts a round whose chosen drafter(s) in `exclude` abstained (had nothing to propose).

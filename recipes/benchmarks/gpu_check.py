@@ -57,6 +57,7 @@ from hf_metasd.drafters import (
     ModelDrafter,
     PromptLookupDrafter,
     TokenizerBridgeDrafter,
+    TokenRecyclingDrafter,
 )
 from hf_metasd.feature_head import FeatureHead, FeatureHeadConfig, FeatureRecorder
 
@@ -225,6 +226,15 @@ def _corpus(m: dict, sizes: dict) -> list:
     return [CorpusDrafter.from_sequences([greedy(target, p, 24)[0, p.shape[1] :].tolist() for p in prompts])]
 
 
+def _recycling(models: dict, sizes: dict) -> list:
+    """A token recycling table warmed on the target's own answers to other prompts, so that it drafts at once."""
+    target = models["target"]
+    prompts = [p.to(target.device) for p in random_prompts(3, sizes["vocab"], seed=11)]
+    drafter = TokenRecyclingDrafter()
+    drafter.warm_start(target, [greedy(target, p, 24)[0].tolist() for p in prompts])
+    return [drafter]
+
+
 class _Skip(Exception):
     """A kind this run cannot build; the message is the reason, reported in its row."""
 
@@ -242,6 +252,7 @@ BUILDERS = {
         )
     ],
     "prompt_lookup": lambda m, s: [PromptLookupDrafter()],
+    "token_recycling": _recycling,
 }
 
 
