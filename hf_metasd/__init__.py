@@ -16,6 +16,7 @@ from .drafters import (
     ModelDrafter,
     PromptLookupDrafter,
     TokenizerBridgeDrafter,
+    TokenRecyclingDrafter,
     as_drafters,
 )
 from .errors import (
@@ -88,6 +89,7 @@ __all__ = [
     "SlidingWindowUCB",
     "SuccessiveHalving",
     "ThompsonSampling",
+    "TokenRecyclingDrafter",
     "TokenizerBridgeDrafter",
     "UCB",
     "UnknownPolicyError",

@@ -70,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
         default="kinds",
         choices=["all", "kinds", "defaults", "none"],
         help="transformers' assisted generation per drafter: all, one per drafter kind (default; each with MetaSD's "
-        "draft length and with transformers' own defaults), defaults (one per kind, transformers' defaults only), none",
+        "draft length and with transformers' own defaults), defaults (every drafter, transformers' defaults only), none",
     )
     p.add_argument(
         "--untrained",

@@ -19,8 +19,8 @@ tokens, where
   :math:`j` and :math:`A_{a,j}` that accepted it, shrunk towards :math:`m_{a,1} = 1/2` and
   :math:`m_{a,j} = \hat p_{a,j-1}` (a position never reached is assumed as likely as the one before it) with weight
   :math:`w` (`prior_weight`);
-* :math:`\hat d_a` the arm's smoothed seconds of drafting per drafted token (zero until measured; a lookup is
-  microseconds, a model drafter one forward per token);
+* :math:`\hat d_a` the arm's smoothed seconds of drafting per drafted token (kept per process, as verification costs;
+  zero until measured; a lookup is microseconds, a model drafter one forward per token);
 * :math:`\hat v(k)` the smoothed seconds of the target's verification pass over :math:`k` tokens, **measured from the
   rounds themselves** (no extra pass is ever run): a plain step is :math:`k = 1`, a round that drafted :math:`n` is
   :math:`k = n + 1`. A length measured fewer than `min_observations` times is looked at optimistically (at most
@@ -147,8 +147,11 @@ class DraftLength:
         self._scope, self._shared = scope, cache
         # per (arm, match class): the same counts, kept in the same cache (see `observe_acceptance`)
         self._by_class: dict[tuple[int, int], tuple[list[float], list[float]]] = {}
-        # seconds of drafting per drafted token, per arm (this call only)
-        self._draft_step = CostModel(self.keys, smoothing=self.smoothing)
+        # seconds of drafting per drafted token, per arm, kept per process and target as the round costs are (under
+        # keys of their own): a later call does not start by taking a model drafter for free
+        self._draft_step = CostModel(
+            [("draft step", key) for key in self.keys], smoothing=self.smoothing, target=target
+        )
 
     # ------------------------------------------------------------------ what the rounds tell
     def observe_verification(self, num_tokens: int, seconds: float) -> None:

@@ -54,7 +54,7 @@ def test_run_and_report(bench_setup, target, tmp_path):
     summary = summarize(records, [d.name for d in pool])
     # the oracle is fixed[<task>]: for qa prompts the exact copy accepts everything
     oracle_qa = summary["oracle"]["qa"]
-    assert oracle_qa["mean_accepted_tokens"] > 2.0 and oracle_qa["best_arm_ratio"] == 1.0
+    assert oracle_qa["mean_accepted_tokens"] >= 2.0 and oracle_qa["best_arm_ratio"] == 1.0
     assert summary["autoregressive"]["overall"]["mean_accepted_tokens"] == 1.0
     assert summary["autoregressive"]["overall"]["speedup"] == pytest.approx(1.0)
     report = write_report(records, [d.name for d in pool], tmp_path, meta={"test": True})
@@ -89,7 +89,7 @@ def test_transformers_baselines_one_per_kind(bench_setup):
     assert kinds == ["hf-assisted[qa]", "hf-assisted[qa] (hf defaults)"]
     assert not [m for m in build_methods(pool, transformers_baselines="none") if m.kind == "transformers"]
     defaults = [m.name for m in build_methods(pool, transformers_baselines="defaults") if m.kind == "transformers"]
-    assert defaults == ["hf-assisted[qa] (hf defaults)"]  # transformers' own defaults only
+    assert defaults == [f"hf-assisted[{d.name}] (hf defaults)" for d in pool]  # every drafter, its defaults
     with pytest.raises(
         ValueError, match=r"`transformers_baselines` must be 'all', 'kinds', 'defaults' or 'none', but is 'some'"
     ):

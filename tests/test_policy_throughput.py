@@ -34,7 +34,9 @@ def test_throughput_without_rates_is_greedy_on_its_means():
     policy.update(0, 0.2)
     assert policy.select_in(RoundContext(rates=(None, None, None), lengths=(0, 0, 0))) == 1
     assert policy.select() == 1
-    assert policy.config() == {"optimism": 0.5, "seed": None} and policy.contextual and not get_policy("ucb").contextual
+    assert (
+        policy.config() == {"optimism": 0.5, "seed": None} and policy.contextual and not get_policy("ucb").contextual
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- precedence

@@ -66,6 +66,19 @@ def test_spawned_copies_share_one_table():
     assert copy.table is drafter.table and drafter.table.walk(1, 1) == [2]
 
 
+def test_each_reward_memory_scope_learns_into_its_own_copy_of_the_table():
+    drafter = TokenRecyclingDrafter(table=RecyclingTable({1: 2}))
+    with hf_metasd.reward_memory_scope("a"):
+        drafter.spawn().table.learn([2], [3])  # a spawned copy learns into scope a's table
+        assert drafter.table.walk(1, 3) == [2, 3]
+    with hf_metasd.reward_memory_scope("b"):
+        assert drafter.table.walk(1, 3) == [2]  # scope b starts from the drafter's own table, not a's
+    assert drafter.table.walk(1, 3) == [2]  # the default scope's table is the drafter's own, untouched by a and b
+    drafter.table.learn([2], [4])
+    with hf_metasd.reward_memory_scope("c"):
+        assert drafter.table.walk(1, 3) == [2, 4]  # a new scope copies the drafter's table as it is then
+
+
 def test_a_table_of_another_kind_is_refused():
     with pytest.raises(TypeError, match=r"`table` must be a `RecyclingTable` or None, but is dict\. Build one"):
         TokenRecyclingDrafter(table={1: 2})

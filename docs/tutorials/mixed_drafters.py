@@ -7,7 +7,13 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_metasd
-from hf_metasd.drafters import EarlyExitDrafter, ModelDrafter, PromptLookupDrafter, prompt_lookup_candidates
+from hf_metasd.drafters import (
+    EarlyExitDrafter,
+    ModelDrafter,
+    PromptLookupDrafter,
+    TokenRecyclingDrafter,
+    prompt_lookup_candidates,
+)
 
 torch.set_num_threads(1)
 
@@ -106,3 +112,30 @@ sampled = target.generate(
 print("sampled:", sampled.sequences[0, input_ids.shape[1] :].tolist())
 print("rounds per drafter:", dict(zip(sampled.metasd.drafter_names, sampled.metasd.pulls)))
 # --8<-- [end:sampling]
+
+# --8<-- [start:recycling]
+# Token recycling: a table of the target's own most likely next token after each token, learnt from every
+# verification pass (the scores a pass computes for rejected tokens included). It needs no model and no training;
+# the table belongs to the drafter, so the next call starts from what this one taught it.
+recycling = TokenRecyclingDrafter()
+first = target.generate(
+    input_ids, do_sample=False, max_new_tokens=48, custom_generate=hf_metasd.generate, assistant_models=[recycling]
+)
+print(f"after one call the table holds {len(recycling.table)} tokens")
+
+# Per round, not per call: `throughput` previews every model-free arm's proposal for this position and picks the
+# arm with the most expected tokens per second: a copier where its match is long, the model drafter elsewhere.
+mixed = [ModelDrafter(tiny_llama(7, layers=1), name="small-lm"), PromptLookupDrafter(), recycling]
+out_tp = target.generate(
+    input_ids,
+    do_sample=False,
+    max_new_tokens=48,
+    custom_generate=hf_metasd.generate,
+    assistant_models=mixed,
+    meta_policy="throughput",
+    return_dict_in_generate=True,
+)
+assert torch.equal(out_tp.sequences, reference)
+names = out_tp.metasd.drafter_names
+print("arm of each round:", [names[arm] for arm in out_tp.metasd.arms])
+# --8<-- [end:recycling]

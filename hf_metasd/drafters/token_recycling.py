@@ -16,9 +16,12 @@ from the context's last token :math:`x_L`, stopping at a token the table does no
 positions of a pass over the last kept token and ``n`` drafted ones, :math:`T[\\text{token}_i] \\leftarrow
 \\arg\\max_v s_{i, v}`. It needs no training and no model; the table costs a few bytes per distinct token seen.
 
-**Shared across calls, thread-safe.** The table belongs to the pool's drafter, not to a call: every `spawn` copy
-reads and updates the same table under one lock, so later calls (and concurrent ones) start from what earlier passes
-taught. `warm_start` fills it before any call from the target's scores over sequences (its answers to training
+**Shared across calls, thread-safe, per scope.** The table belongs to the pool's drafter, not to a call: every
+`spawn` copy reads and updates the same table under one lock, so later calls (and concurrent ones) start from what
+earlier passes taught. Like learned priors and acceptance rates, what calls teach it is kept per
+`hf_metasd.reward_memory_scope`: the default scope learns into the drafter's own table (the one a pool saves), and
+each named scope into its own copy of it, made on first use (a benchmark's methods, each in its scope, do not read
+the answers another method's calls taught the table). `warm_start` fills it before any call from the target's scores over sequences (its answers to training
 prompts), and a pool saves it (``recycling/<name>/table.safetensors``: two int32 arrays, at most `MAX_ROWS` rows),
 read back as data under the pool's untrusted-data rules (no code, nothing outside the pool's folder, every id
 bounded).
@@ -30,7 +33,7 @@ and the call's logits processors cut a proposal where they forbid a token.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,7 @@ import torch
 
 from .._validation import check_int
 from ..errors import DrafterCompatibilityError, InvalidPoolError
+from ..reward_memory import current_scope
 from .base import Drafter, int_error
 from .candidates import CandidateDrafter, IsAllowed, allowed_prefix
 from .load import LoadContext
@@ -90,6 +94,11 @@ class RecyclingTable:
                 following = get(following)
         return out
 
+    def copy(self) -> RecyclingTable:
+        """A table of the same rows, learning apart from this one."""
+        with self._lock:
+            return RecyclingTable(self._next)
+
     def rows(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(tokens, next_tokens)``: two ``(R,)`` int32 tensors, sorted by token (what a pool stores)."""
         with self._lock:
@@ -130,12 +139,31 @@ class TokenRecyclingDrafter(CandidateDrafter):
 
     def __init__(self, *, name: str | None = None, table: RecyclingTable | None = None) -> None:
         super().__init__(name)
-        if table is not None and not isinstance(table, RecyclingTable):
+        self.table = RecyclingTable() if table is None else table
+
+    @property
+    def table(self) -> RecyclingTable:
+        """The table of the `hf_metasd.reward_memory_scope` in force: the drafter's own in the default scope, else
+        that scope's copy of it (made on first use)."""
+        scope = current_scope()
+        if scope is None:
+            return self._table
+        with self._scopes_lock:
+            found = self._scopes.get(scope)
+            if found is None:
+                found = self._scopes[scope] = self._table.copy()
+            return found
+
+    @table.setter
+    def table(self, table: RecyclingTable) -> None:
+        if not isinstance(table, RecyclingTable):
             raise TypeError(
                 f"`table` must be a `RecyclingTable` or None, but is {type(table).__name__}. Build one with "
                 "`RecyclingTable()`, or leave it out."
             )
-        self.table = RecyclingTable() if table is None else table
+        self._table = table
+        self._scopes: dict[Hashable, RecyclingTable] = {}  # shared by `spawn` copies (never reassigned by `reset`)
+        self._scopes_lock = threading.Lock()
 
     # ------------------------------------------------------------------ learning
     def observe_scores(self, tokens: torch.LongTensor, scores: torch.Tensor) -> None:

@@ -68,7 +68,8 @@ def main() -> None:
     }
     plain_kwargs = {k: v for k, v in common.items() if k != "num_assistant_tokens"}
     target.generate(prompts[0], **plain_kwargs)  # warm-up: first-call costs out of the timings
-    target.generate(prompts[0], custom_generate=hf_metasd.generate, assistant_models=pool, **common)
+    with reward_memory_scope("warm-up"):
+        target.generate(prompts[0], custom_generate=hf_metasd.generate, assistant_models=pool, **common)
     seconds = {"plain": 0.0, **dict.fromkeys(names, 0.0)}
     pool_seconds = 0.0
     for number, ids in enumerate(prompts, 1):
@@ -77,14 +78,15 @@ def main() -> None:
         seconds["plain"] += time.perf_counter() - start
         for arm, name in enumerate(names):
             start = time.perf_counter()
-            out = target.generate(
-                ids,
-                custom_generate=hf_metasd.generate,
-                assistant_models=pool,
-                meta_policy="fixed",
-                meta_policy_kwargs={"arm": arm},
-                **common,
-            )
+            with reward_memory_scope(name):  # what an arm's calls learn (token recycling's table too) stays its own
+                out = target.generate(
+                    ids,
+                    custom_generate=hf_metasd.generate,
+                    assistant_models=pool,
+                    meta_policy="fixed",
+                    meta_policy_kwargs={"arm": arm},
+                    **common,
+                )
             seconds[name] += time.perf_counter() - start
             if not torch.equal(out, reference):
                 raise SystemExit(f"{name} changed the output: a losslessness bug, please report it")
