@@ -25,15 +25,15 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
 
+from ._call_signature import CallSignature, with_settings
 from ._distributed import agreeing
 from .batched import MetaSDBatchStats, generate_batch
 from .call_checks import check_call_kwargs, check_drafter_device, check_stop_strings, check_target
@@ -44,6 +44,7 @@ from .drafters import as_drafters
 from .errors import MetaSDConfigError
 from .kernels import VerificationKernels
 from .policies import Policy, get_policy
+from .reproducible import reproducible_call, reproducible_settings
 from .rewards import RoundFeedback
 from .settings import (
     DEFAULTS,
@@ -200,6 +201,7 @@ def generate(
     meta_prior_weight: float | None = None,
     meta_learned_priors: bool | None = None,
     meta_draft_length: str | None = None,
+    meta_reproducible: bool | None = None,
     metasd_streamer: Any = None,
     stop_strings: str | list[str] | None = None,
     **model_kwargs: Any,
@@ -239,6 +241,7 @@ def generate(
         "meta_prior_weight": meta_prior_weight,
         "meta_learned_priors": meta_learned_priors,
         "meta_draft_length": meta_draft_length,
+        "meta_reproducible": meta_reproducible,
     }
     if synced_gpus:
         raise MetaSDConfigError(
@@ -253,9 +256,47 @@ def generate(
         streamer = bare.get("streamer")  # transformers already put the prompt into it
     drafters, pool_defaults = _pool_from(assistant_models)
     settings = resolve_settings(given, generation_config, pool_defaults)
+    call = {
+        "drafters": drafters,
+        "settings": settings,
+        "pool_defaults": pool_defaults,
+        "priors_from_call": given["meta_priors"] is not None,
+        "logits_processor": logits_processor,
+        "stopping_criteria": stopping_criteria,
+        "generation_config": generation_config,
+        "streamer": streamer,
+        "metasd_streamer": metasd_streamer,
+        "model_kwargs": model_kwargs,
+    }
+    if not settings.meta_reproducible:
+        return _decode(model, input_ids, **call)
+    call["settings"] = reproducible_settings(settings, given)  # refuses what cannot repeat, before any compute
+    with reproducible_call(model) as (clock, key):  # time in target passes, nothing shared with other calls
+        return _decode(model, input_ids, **call, clock=clock, cost_key=key)
+
+
+def _decode(
+    model: Any,
+    input_ids: Any,
+    *,
+    drafters: Any,
+    settings: MetaSDSettings,
+    pool_defaults: Mapping[str, Any],
+    priors_from_call: bool,
+    logits_processor: Any,
+    stopping_criteria: Any,
+    generation_config: Any,
+    streamer: Any,
+    metasd_streamer: Any,
+    model_kwargs: dict[str, Any],
+    clock: Callable[[], float] | None = None,
+    cost_key: Any = None,
+) -> Any:
+    """`generate` once its settings are resolved: a batch (`generate_batch`) or one request; `clock` and `cost_key`
+    are a reproducible call's (`hf_metasd.reproducible`)."""
     if input_ids.shape[0] > 1:  # a batch: one candidate generator per row (`hf_metasd.batched`)
         build = functools.partial(
-            build_candidate_generator, pool_defaults=pool_defaults, priors_from_call=given["meta_priors"] is not None
+            build_candidate_generator, pool_defaults=pool_defaults, priors_from_call=priors_from_call
         )
         return generate_batch(
             model,
@@ -270,6 +311,8 @@ def generate(
             streamer=streamer,
             metasd_streamer=metasd_streamer,
             model_kwargs=model_kwargs,
+            clock=clock,
+            cost_key=cost_key,
         )
 
     def choose_kernels() -> VerificationKernels:
@@ -286,8 +329,10 @@ def generate(
         drafters,
         settings,
         pool_defaults=pool_defaults,
-        priors_from_call=given["meta_priors"] is not None,
+        priors_from_call=priors_from_call,
         choose_kernels=choose_kernels,
+        clock=clock,
+        cost_key=cost_key,
     )
     if streamer is None and metasd_streamer is not None:
         streamer = metasd_streamer  # transformers never saw this one: it gets the prompt here
@@ -313,59 +358,15 @@ def generate(
     stats.kernel, stats.kernel_timings, stats.kernel_pass_costs = kernels.summary(stats.kernels)
     stats.verification_costs = candidate_generator.lengths.summary()
     sequence = output.sequences if isinstance(output, GenerateDecoderOnlyOutput) else output
-    for drafter in shared:
+    for drafter in shared if not settings.meta_reproducible else ():  # a reproducible call teaches no later call
         drafter.on_generation_end(sequence, input_ids.shape[1])
     if isinstance(output, GenerateDecoderOnlyOutput):
         return MetaSDGenerateOutput(**dict(output.items()), metasd=stats)
     return output
 
 
-def _before_kwargs(signature: inspect.Signature, names: Iterable[str]) -> list[inspect.Parameter]:
-    """`signature`'s parameters with `names` as keyword-only parameters (default None) before its ``**kwargs``."""
-    params = list(signature.parameters.values())
-    added = [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=None) for k in names]
-    return [*params[:-1], *added, params[-1]]
-
-
-class _CallSignature(inspect.Signature):
-    """`generate`'s signature (`__signature__`): its parameters and every removed setting (`RETIRED_SETTINGS`), plus,
-    when transformers reads it to choose what to hand the method, each ``meta_*`` keyword of that call that names no
-    setting (a misspelt one).
-
-    transformers hands a `custom_generate` callable only the keyword arguments its signature names and refuses the
-    others as unused model kwargs with its generic message ("The following `model_kwargs` are not used by the
-    model"). Named here, a removed or misspelt setting reaches `generate` (in its ``**model_kwargs``), which refuses
-    it as `enable()` does (`check_setting_names`): why a removed one was removed, and for a misspelt one the valid
-    settings and the closest.
-
-    The misspelt keys are read from the call's keyword arguments, the local ``kwargs`` of transformers'
-    `GenerationMixin._extract_generation_mode_kwargs`, which reads ``inspect.signature(custom_generate).parameters``
-    and pops the keys it names from those ``kwargs`` for the decoding method (transformers 5.24.0 and 5.25.0,
-    ``transformers/generation/utils.py``, 5.24 line 2576, 5.25 line 2579). Read from anywhere else (`help`, the docs),
-    the signature is the declared one; a transformers whose method differs gets its own message for a misspelt key.
-    """
-
-    __slots__ = ()
-
-    @property
-    def parameters(self) -> Mapping[str, inspect.Parameter]:
-        declared = super().parameters
-        frame = sys._getframe(1)  # who reads the signature: transformers' choice of keyword arguments, or anyone
-        if (
-            frame.f_code.co_name != "_extract_generation_mode_kwargs"
-            or frame.f_globals.get("__name__") != "transformers.generation.utils"
-            or not isinstance(frame.f_locals.get("kwargs"), Mapping)
-        ):
-            return declared
-        misspelt = [k for k in frame.f_locals["kwargs"] if isinstance(k, str) and k.startswith("meta_")]
-        misspelt = [k for k in misspelt if k not in declared]
-        if not misspelt:
-            return declared
-        return MappingProxyType({p.name: p for p in _before_kwargs(self, misspelt)})
-
-
-generate.__signature__ = _CallSignature(  # type: ignore[attr-defined]
-    _before_kwargs(inspect.signature(generate), RETIRED_SETTINGS)
+generate.__signature__ = CallSignature(  # type: ignore[attr-defined]
+    with_settings(inspect.signature(generate), RETIRED_SETTINGS)
 )
 
 

@@ -48,7 +48,14 @@ import torch
 
 from .costs import target_cache
 
-__all__ = ["MAX_OBSERVATIONS", "RewardMemory", "clear_reward_memory", "current_scope", "reward_memory_scope"]
+__all__ = [
+    "IsolatedScope",
+    "MAX_OBSERVATIONS",
+    "RewardMemory",
+    "clear_reward_memory",
+    "current_scope",
+    "reward_memory_scope",
+]
 
 #: Rewards per arm a memory averages over; beyond it, older rewards fade (count and sum scaled down together).
 MAX_OBSERVATIONS = 256
@@ -81,6 +88,11 @@ def reward_memory_scope(name: Hashable) -> Iterator[None]:
         yield
     finally:
         _SCOPE.reset(token)
+
+
+class IsolatedScope:
+    """A scope name (`reward_memory_scope`) for calls that read nothing other calls learnt: learners that carry state
+    across calls start, in such a scope, from what they were built with (`hf_metasd.reproducible`'s calls)."""
 
 
 def current_scope() -> Hashable:

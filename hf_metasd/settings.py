@@ -175,6 +175,13 @@ class MetaSDSettings:
         "True or False",
         _typed((bool,), valid="True or False", hint="Pass a bool."),
     )
+    meta_reproducible: bool = _setting(
+        False,
+        "a sampling call with a seed repeats its output: every choice (arm, draft length) then depends only on the "
+        "prompt, the seed and the tokens, not on timings or earlier calls (`hf_metasd.reproducible`)",
+        "True or False",
+        _typed((bool,), valid="True or False", hint="Pass a bool."),
+    )
     meta_draft_length: str = _setting(
         "measured",
         "`measured`: each round drafts the length, at most `num_assistant_tokens`, that maximises expected tokens per "

@@ -93,19 +93,23 @@ def generate_batch(
     streamer: Any = None,
     metasd_streamer: Any = None,
     model_kwargs: dict[str, Any],
+    clock: Callable[[], float] | None = None,
+    cost_key: Any = None,
 ) -> Any:
     """Decode the batch `input_ids` ``(B, L)`` with one candidate generator per row (`build` makes each, as
     `build_candidate_generator` does). Returns what plain batched `generate` returns: the ids, or with
     ``return_dict_in_generate=True`` an `output_class` (a `GenerateDecoderOnlyOutput` with a `metasd` field) holding
-    the sequences and the call's `MetaSDBatchStats` (no cache: its slots are laid out for this loop's mask)."""
+    the sequences and the call's `MetaSDBatchStats` (no cache: its slots are laid out for this loop's mask). `clock`
+    and `cost_key` replace the wall clock the rows' clocks run on and the batch's key in the per-process caches (a
+    reproducible call's: `hf_metasd.reproducible`)."""
     batch, length = input_ids.shape
     mask = model_kwargs.get("attention_mask")
     # the mask may cover positions before `input_ids` (a prompt passed as `inputs_embeds`, a cache passed in): its
     # last columns are those of `input_ids`
     mask = torch.ones_like(input_ids) if mask is None else mask[:, mask.shape[1] - length :]
     rows = [input_ids[b][mask[b].bool()][None] for b in range(batch)]
-    clocks = RowClocks(batch)
-    key = batch_key(model, batch)
+    clocks = RowClocks(batch, base=clock)
+    key = batch_key(model, batch) if cost_key is None else cost_key
     steps = PlainSteps(
         input_ids,
         generation_config.max_length - length,
@@ -180,7 +184,7 @@ def generate_batch(
         stats.wall_seconds = clocks.elapsed[b]
         stats.draft_length = generator.draft_length
         stats.verification_costs = generator.lengths.summary()
-        for drafter in shared:
+        for drafter in shared if not settings.meta_reproducible else ():  # a reproducible call teaches no later one
             row = torch.cat([rows[b][0], sequences[b, length : length + ends[b]]])[None]
             drafter.on_generation_end(row, rows[b].shape[1])
     if isinstance(output, GenerateDecoderOnlyOutput):  # plain's: with its scores, logits, cache, ...

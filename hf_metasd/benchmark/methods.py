@@ -36,6 +36,7 @@ __all__ = [
 DEFAULT_POLICIES: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     ("ucb-speed", "ucb", "speed", {}),
     ("ucb_scaled-speed", "ucb_scaled", "speed", {}),
+    ("throughput-speed", "throughput", "speed", {}),
     ("ucb_v-speed", "ucb_v", "speed", {}),
     ("ucb-bd", "ucb", "bd", {}),
     ("ucb-be", "ucb", "be", {}),

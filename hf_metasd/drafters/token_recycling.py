@@ -21,7 +21,8 @@ positions of a pass over the last kept token and ``n`` drafted ones, :math:`T[\\
 earlier passes taught. Like learned priors and acceptance rates, what calls teach it is kept per
 `hf_metasd.reward_memory_scope`: the default scope learns into the drafter's own table (the one a pool saves), and
 each named scope into its own copy of it, made on first use (a benchmark's methods, each in its scope, do not read
-the answers another method's calls taught the table). `warm_start` fills it before any call from the target's scores over sequences (its answers to training
+the answers another method's calls taught the table); an `hf_metasd.reward_memory.IsolatedScope` (a reproducible
+call's) copies the table as it was built (stored in the pool, or filled by `warm_start`), not what calls taught it. `warm_start` fills it before any call from the target's scores over sequences (its answers to training
 prompts), and a pool saves it (``recycling/<name>/table.safetensors``: two int32 arrays, at most `MAX_ROWS` rows),
 read back as data under the pool's untrusted-data rules (no code, nothing outside the pool's folder, every id
 bounded).
@@ -41,7 +42,7 @@ import torch
 
 from .._validation import check_int
 from ..errors import DrafterCompatibilityError, InvalidPoolError
-from ..reward_memory import current_scope
+from ..reward_memory import IsolatedScope, current_scope
 from .base import Drafter, int_error
 from .candidates import CandidateDrafter, IsAllowed, allowed_prefix
 from .load import LoadContext
@@ -150,8 +151,8 @@ class TokenRecyclingDrafter(CandidateDrafter):
             return self._table
         with self._scopes_lock:
             found = self._scopes.get(scope)
-            if found is None:
-                found = self._scopes[scope] = self._table.copy()
+            if found is None:  # an isolated scope starts from the table as built, not from what calls taught it
+                found = self._scopes[scope] = (self._built if isinstance(scope, IsolatedScope) else self._table).copy()
             return found
 
     @table.setter
@@ -162,6 +163,7 @@ class TokenRecyclingDrafter(CandidateDrafter):
                 "`RecyclingTable()`, or leave it out."
             )
         self._table = table
+        self._built = table.copy()  # the table as given (a pool's stored one, or empty), for isolated scopes
         self._scopes: dict[Hashable, RecyclingTable] = {}  # shared by `spawn` copies (never reassigned by `reset`)
         self._scopes_lock = threading.Lock()
 
@@ -197,7 +199,10 @@ class TokenRecyclingDrafter(CandidateDrafter):
             for start in range(0, len(ids), chunk):
                 part = ids[start : start + chunk]
                 logits = target(torch.tensor([part], device=target.device), use_cache=False).logits
-                self.table.learn(part, logits[0].argmax(dim=-1).tolist())
+                following = logits[0].argmax(dim=-1).tolist()
+                self.table.learn(part, following)
+                if current_scope() is None:  # the default scope's warm start is part of the table as built
+                    self._built.learn(part, following)
                 read += len(part)
         return read
 
