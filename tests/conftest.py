@@ -10,6 +10,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, StoppingCriteria
 
 import hf_metasd
+import hf_metasd.batched.lengths
 import hf_metasd.draft_length
 import hf_metasd.stats
 from hf_metasd import clear_reward_memory
@@ -114,6 +115,7 @@ def _restore_generate():
     hf_metasd.draft_length._CACHE.clear()
     hf_metasd.kernels._PASS_COSTS.clear()
     hf_metasd.costs._CACHE.clear()
+    hf_metasd.batched.lengths._VERDICTS.clear()  # what earlier batches' drafting guards found
     yield
     hf_metasd.disable()
 

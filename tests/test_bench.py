@@ -89,7 +89,10 @@ def test_transformers_baselines_one_per_kind(bench_setup):
     assert kinds == ["hf-assisted[qa]", "hf-assisted[qa] (hf defaults)"]
     assert not [m for m in build_methods(pool, transformers_baselines="none") if m.kind == "transformers"]
     defaults = [m.name for m in build_methods(pool, transformers_baselines="defaults") if m.kind == "transformers"]
-    assert defaults == [f"hf-assisted[{d.name}] (hf defaults)" for d in pool]  # every drafter, its defaults
+    # every drafter with its transformers defaults, and transformers' prompt lookup, which the pool lacks
+    assert defaults == [f"hf-assisted[{d.name}] (hf defaults)" for d in pool] + [
+        "hf-assisted[prompt_lookup] (hf defaults)"
+    ]
     with pytest.raises(
         ValueError, match=r"`transformers_baselines` must be 'all', 'kinds', 'defaults' or 'none', but is 'some'"
     ):

@@ -25,7 +25,7 @@ from ..draft_length import DraftLength
 from ..drafters import as_drafters
 from ..errors import MetaSDConfigError
 from ..policies import Policy
-from .lengths import PassCosts, RowLengths
+from .lengths import GuardMemory, PassCosts, RowLengths
 from .loop import RowClocks, batched_decoding
 from .plain import plain_reason, run_plain
 from .processors import BatchScores, RowProcessors
@@ -119,6 +119,13 @@ def generate_batch(
     scores = BatchScores(logits_processor, steps.padded)
     check_batch(settings)
     reason = plain_reason(model, generation_config, model_kwargs)
+    shared = as_drafters(drafters, model)
+    memory = GuardMemory(key, shared)
+    if reason is None and memory.plain():  # an earlier call measured drafting slower at this batch size
+        reason = (
+            f"an earlier call with this pool measured drafting slower than plain rounds at batch size {batch} "
+            f"(drafting is measured again after {memory.next_check} more such calls)"
+        )
     # rows that draft read their verification costs from the batch's passes (`hf_metasd.batched.lengths`)
     passes = None if reason is not None else PassCosts(batch, settings.num_assistant_tokens, target=key)
     lengths = DraftLength if passes is None else functools.partial(RowLengths, passes=passes)
@@ -144,7 +151,6 @@ def generate_batch(
         streamer = metasd_streamer  # transformers never saw this one: it gets the prompt here (and refuses a batch
         streamer.put(input_ids.cpu())  # as plain `generate` does, if it takes one row only)
     telemetry = MetaSDBatchStats([g.stats for g in generators])
-    shared = as_drafters(drafters, model)
     start = clocks.now()
     if reason is not None:  # every round plain: transformers' own loop (`hf_metasd.batched.plain`)
         telemetry.plain_reason = f"every round: {reason}"
@@ -178,6 +184,11 @@ def generate_batch(
             ),
         )
         ends = telemetry.output_tokens
+        memory.record(
+            stopped=telemetry.drafting_stopped_after is not None,
+            rounds=telemetry.drafting_rounds,
+            drafted_rounds=telemetry.drafted_rounds,
+        )
     telemetry.wall_seconds = clocks.now() - start
     for b, generator in enumerate(generators):
         stats = generator.stats

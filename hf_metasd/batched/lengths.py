@@ -28,11 +28,15 @@ cannot rank lengths: where a pass is all fixed cost, every length would cost not
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections.abc import Hashable, Sequence
 from typing import Any
 
+from ..costs import cost_key
 from ..draft_length import DraftLength
 
-__all__ = ["DraftingGuard", "PassCosts", "RowLengths"]
+__all__ = ["MAX_PLAIN_CALLS", "DraftingGuard", "GuardMemory", "PassCosts", "RowLengths"]
 
 
 class PassCosts:
@@ -176,6 +180,7 @@ class DraftingGuard:
         self.plain_seconds: float | None = None  # p, seconds per row-token of the plain round
         self.plain_rows = 0  # R_0
         self.seconds, self.tokens, self.rounds = 0.0, 0, 0
+        self.drafted_rounds = 0  # measured drafting rounds in which some row drafted at least one token
         self.stopped_after: int | None = None  # drafting rounds before the guard stopped drafting (telemetry)
 
     def drafting(self, first: bool) -> bool:
@@ -184,8 +189,9 @@ class DraftingGuard:
             return True
         return self.plain_seconds is not None and self.stopped_after is None
 
-    def observe(self, *, drafted: bool, seconds: float, tokens: int, rows: int) -> None:
-        """Fold in a round (not the prefill) over `rows` rows that took `seconds` and gave them `tokens` in all."""
+    def observe(self, *, drafted: bool, seconds: float, tokens: int, rows: int, drafted_tokens: int = 1) -> None:
+        """Fold in a round (not the prefill) over `rows` rows that took `seconds` and gave them `tokens` in all
+        (`drafted_tokens`: the candidates its rows drafted)."""
         if not drafted:
             if self.plain_seconds is None and tokens > 0:
                 self.plain_seconds, self.plain_rows = seconds / tokens, rows
@@ -193,5 +199,76 @@ class DraftingGuard:
         if rows != self.plain_rows:  # rows have finished: not the batch p was measured on
             return
         self.seconds, self.tokens, self.rounds = self.seconds + seconds, self.tokens + tokens, self.rounds + 1
+        self.drafted_rounds += drafted_tokens > 0
         if self.rounds >= self.min_rounds and self.seconds > self.plain_seconds * self.tokens:
             self.stopped_after = self.rounds
+
+
+#: Most calls in a row that run plain rounds only on an earlier guard's word before drafting is measured again.
+MAX_PLAIN_CALLS = 16
+
+#: batch key -> {the pool's drafter keys: [calls left to run plain, the current run of plain calls]}
+_VERDICTS: weakref.WeakKeyDictionary[Any, dict[tuple[Hashable, ...], list[int]]] = weakref.WeakKeyDictionary()
+_VERDICTS_LOCK = threading.Lock()
+
+
+class GuardMemory:
+    """What the drafting guards of earlier calls found at one batch size with one pool, kept per process.
+
+    A call whose guard stopped drafting measured drafting slower than plain rounds for this target, batch size and
+    pool; the next calls then run **plain rounds only**, through plain batched `generate`'s own loop (so at its
+    speed), and drafting is measured again after them: after 1 such call, then 2, 4, ... up to `MAX_PLAIN_CALLS`
+    while it keeps measuring slower, and from every call again once a call drafts to its end (drafting paid). A
+    batch key that is not kept across calls (a reproducible call's) remembers nothing.
+
+    Args:
+        key: the batch's key in the per-target caches (`hf_metasd.batched.batch_key`).
+        drafters: the call's pool.
+
+    Example:
+        >>> import torch
+        >>> from hf_metasd.drafters import PromptLookupDrafter
+        >>> key, pool = torch.nn.Linear(1, 1), [PromptLookupDrafter()]
+        >>> memory = GuardMemory(key, pool)
+        >>> memory.plain(), memory.record(stopped=True, rounds=4)
+        (False, None)
+        >>> GuardMemory(key, pool).plain(), GuardMemory(key, pool).plain()   # 1 plain call, then a check
+        (True, False)
+        >>> GuardMemory(key, pool).record(stopped=True, rounds=4)          # slower again: 2 plain calls next
+        >>> [GuardMemory(key, pool).plain() for _ in range(3)]
+        [True, True, False]
+    """
+
+    def __init__(self, key: Any, drafters: Sequence[Any]) -> None:
+        self.entry: list[int] | None = None
+        try:
+            with _VERDICTS_LOCK:
+                store = _VERDICTS.setdefault(key, {})
+                self.entry = store.setdefault(tuple(cost_key(d) for d in drafters), [0, 0])
+        except TypeError:  # a key that cannot be weakly referenced: nothing is kept across calls
+            self.entry = None
+
+    def plain(self) -> bool:
+        """Whether this call runs plain rounds only (an earlier guard's word); counts the call if so."""
+        with _VERDICTS_LOCK:
+            if self.entry is None or self.entry[0] <= 0:
+                return False
+            self.entry[0] -= 1
+            return True
+
+    @property
+    def next_check(self) -> int:
+        """Calls that will run plain before drafting is measured again."""
+        return 0 if self.entry is None else self.entry[0]
+
+    def record(self, *, stopped: bool, rounds: int, drafted_rounds: int | None = None, min_rounds: int = 4) -> None:
+        """A call drafted: its guard `stopped` drafting (slower than plain), or measured `rounds` drafting rounds
+        without stopping (at least `min_rounds`: drafting paid; fewer: the call says nothing). A call whose rows
+        drafted nothing in any of those rounds (`drafted_rounds` of 0: their draft lengths found that drafting does
+        not pay) counts as stopped."""
+        stopped = stopped or (drafted_rounds == 0 and rounds >= min_rounds)
+        if self.entry is None or (not stopped and rounds < min_rounds):
+            return
+        with _VERDICTS_LOCK:
+            run = min(MAX_PLAIN_CALLS, max(1, 2 * self.entry[1])) if stopped else 0
+            self.entry[0] = self.entry[1] = run

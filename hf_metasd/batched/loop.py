@@ -233,7 +233,13 @@ def batched_decoding(
         if crop:
             cache.crop(-crop)
         if not first:
-            guard.observe(drafted=drafting, seconds=clocks.now() - round_started, tokens=tokens_given, rows=len(rows))
+            guard.observe(
+                drafted=drafting,
+                seconds=clocks.now() - round_started,
+                tokens=tokens_given,
+                rows=len(rows),
+                drafted_tokens=sum(d.shape[0] for d, _ in drafts),
+            )
         first = False
 
     if telemetry is not None:
@@ -241,6 +247,8 @@ def batched_decoding(
         telemetry.output_tokens = [steps.output_length(b) for b in range(batch)]
         telemetry.pass_costs = passes.summary()
         telemetry.drafting_stopped_after = guard.stopped_after
+        telemetry.drafting_rounds = guard.rounds
+        telemetry.drafted_rounds = guard.drafted_rounds
         telemetry.plain_tokens = plain_tokens
     return steps.sequences()
 

@@ -30,7 +30,9 @@ class MetaSDBatchStats:
     pass follow (`hf_metasd.batched.lengths`).
 
     ``drafting_stopped_after``: after how many drafting rounds the drafting guard stopped drafting (``None``: it did
-    not), ``plain_tokens[b]``: row `b`'s tokens from plain rounds (one target step for the batch, no draft; its
+    not), ``drafting_rounds``: the drafting rounds it measured (over the rows its plain round measured),
+    ``drafted_rounds``: those in which some row drafted at least one token,
+    ``plain_tokens[b]``: row `b`'s tokens from plain rounds (one target step for the batch, no draft; its
     generator sat those out). ``plain_reason``: why rounds ran plain other than the guard's, said once:
     ``"every round: ..."`` when rows could not draft at all (`hf_metasd.batched.plain`: the call ran plain
     `generate`'s own loop, so no pass is recorded and every row's tokens are plain), ``"the prefill round: ..."`` when
@@ -45,6 +47,8 @@ class MetaSDBatchStats:
     output_tokens: list[int] = field(default_factory=list)
     pass_costs: dict[int, float] = field(default_factory=dict)
     drafting_stopped_after: int | None = None
+    drafting_rounds: int = 0
+    drafted_rounds: int = 0
     plain_tokens: list[int] = field(default_factory=list)
     plain_reason: str | None = None
     wall_seconds: float = 0.0

@@ -169,8 +169,8 @@ def build_methods(
         policies: `DEFAULT_POLICIES`-style rows; a row's None policy or reward keeps the pool's.
         transformers_baselines: transformers' assisted generation with ``"all"`` drafters, the first drafter of
             each kind (``"kinds"``, default: LoRA arms of one base differ only by their adapter), every drafter
-            with transformers' own defaults only (``"defaults"``: its dynamic draft length, prompt lookup's 10 tokens)
-            or ``"none"``.
+            with transformers' own defaults only (``"defaults"``: its dynamic draft length, prompt lookup's 10 tokens;
+            transformers' prompt lookup joins them when the pool has none) or ``"none"``.
             When no drafter of the pool has a transformers equivalent (a pool of corpora), transformers' prompt
             lookup stands in, so that the run still compares with stock transformers.
         transformers_defaults: also run each of those with transformers' own default settings.
@@ -226,7 +226,11 @@ def build_methods(
             methods.append(
                 Method(f"hf-assisted[{drafter.name}] (hf defaults)", "transformers", lambda prompt, k=defaults: k)
             )
-    if baseline_drafters and len(methods) == before:  # no drafter has a transformers equivalent
+    lookup_missing = not any(d.kind == "prompt_lookup" for d in baseline_drafters)
+    if transformers_baselines == "defaults" and lookup_missing:  # transformers' own model-free method, as it runs it
+        defaults = transformers_assisted_kwargs(PromptLookupDrafter(), None)
+        methods.append(Method("hf-assisted[prompt_lookup] (hf defaults)", "transformers", lambda p, k=defaults: k))
+    elif baseline_drafters and len(methods) == before:  # no drafter has a transformers equivalent
         lookup = PromptLookupDrafter()
         kwargs, defaults = transformers_assisted_kwargs(lookup, n), transformers_assisted_kwargs(lookup, None)
         if like_for_like:

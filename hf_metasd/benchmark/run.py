@@ -197,7 +197,7 @@ def check_drafter_dtype(drafter_dtype: str | None, models: str, pool: str | None
 
 
 #: The ``--models qwen`` pool's arm names, in order.
-QWEN_ARMS = ("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-int8", "prompt_lookup", "corpus_all", "token_recycling")
+QWEN_ARMS = ("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-int8", "corpus_all", "token_recycling")
 #: The ``--models qwen`` pool's corpus (``corpus_all``): Qwen2.5-Coder-1.5B's own greedy answers to training prompts
 #: (package data, written by `recipes/pools/build_qwen_corpus.py`).
 QWEN_CORPUS_DIR = Path(__file__).resolve().parents[1] / "data" / "qwen_corpus"
@@ -218,18 +218,19 @@ def load_pool(
     priors: bool = True,
 ) -> Any:
     """The embedded pool for SmolLM2 (or `pool`). For ``"qwen"``, a pool for Qwen2.5-Coder-1.5B of one model drafter
-    in two forms and three free copiers: Qwen2.5-Coder-0.5B (same tokenizer: strong, costly) in `drafter_dtype`
+    in two forms and two free copiers: Qwen2.5-Coder-0.5B (same tokenizer: strong, costly) in `drafter_dtype`
     (default `dtype`, the target's) and on a CPU target also with its linear layers in int8 (`quantize_int8`: cheaper,
-    less often right; which pays is the policy's to measure), prompt lookup, a corpus drafter over the 1.5B's own
-    answers to training prompts (`QWEN_CORPUS_DIR`, with context lookup) and token recycling (`QWEN_RECYCLING_DIR`'s
-    warm table when it exists), under the policy `QWEN_POOL_FILE` names. With `priors`, the pool carries that file's
-    priors (each arm's speed alone on dev prompts, for the policies that read priors)."""
+    less often right; which pays is the policy's to measure), a corpus drafter over the 1.5B's own answers to
+    training prompts that searches the context too (`QWEN_CORPUS_DIR`; it copies what prompt lookup would, which
+    measured as hurting beside it: docs/benchmarks.md) and token recycling (`QWEN_RECYCLING_DIR`'s warm table when it
+    exists), under the policy `QWEN_POOL_FILE` names. With `priors`, the pool carries that file's priors (each arm's
+    speed alone on dev prompts, for the policies that read priors)."""
     from .offline import load_embedded_pool
 
     check_drafter_dtype(drafter_dtype, models, pool)
     if models != "qwen" or pool:
         return load_embedded_pool(target, pool)
-    from ..drafters import CorpusDrafter, ModelDrafter, PromptLookupDrafter, TokenRecyclingDrafter
+    from ..drafters import CorpusDrafter, ModelDrafter, TokenRecyclingDrafter
     from ..pool import DrafterPool
     from .offline import load_qwen_coder, quantize_int8
 
@@ -240,9 +241,8 @@ def load_pool(
         models.append(ModelDrafter(quantize_int8(qwen.float()), name=QWEN_ARMS[1]))
     drafters = [
         *models,
-        PromptLookupDrafter(name=QWEN_ARMS[2]),
-        CorpusDrafter.from_folder(QWEN_CORPUS_DIR, name=QWEN_ARMS[3], context_lookup=True),
-        TokenRecyclingDrafter(name=QWEN_ARMS[4], table=table),
+        CorpusDrafter.from_folder(QWEN_CORPUS_DIR, name=QWEN_ARMS[2], context_lookup=True),
+        TokenRecyclingDrafter(name=QWEN_ARMS[3], table=table),
     ]
     saved = json.loads(QWEN_POOL_FILE.read_text()) if QWEN_POOL_FILE.is_file() else {}
     measured = {k: v for k, v in saved.get("priors", {}).items() if k in (*QWEN_ARMS, "no_draft")} if priors else {}

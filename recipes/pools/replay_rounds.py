@@ -483,6 +483,37 @@ def variants(models: list[str]) -> list[tuple[str, dict, Callable]]:
         ("throughput (no recycling)", {**base, "copiers": ("prompt_lookup", "corpus_all")}, throughput()),
         ("throughput (no prompt lookup)", {**base, "copiers": ("corpus_all", "recycling")}, throughput()),
         ("throughput (model + corpus)", {**base, "copiers": ("corpus_all",)}, throughput()),
+        (
+            "throughput (optimism 0.5, amortised, no recycling)",
+            {**base, "copiers": ("prompt_lookup", "corpus_all")},
+            throughput(bonus=0.5, amortize=True),
+        ),
+        (
+            "throughput (optimism 0.5, amortised, no prompt lookup)",
+            {**base, "copiers": ("corpus_all", "recycling")},
+            throughput(bonus=0.5, amortize=True),
+        ),
+        (
+            "throughput (optimism 0.5, amortised, corpus only)",
+            {**base, "copiers": ("corpus_all",)},
+            throughput(bonus=0.5, amortize=True),
+        ),
+        (
+            "throughput (optimism 0.5, amortised, corpus only, int8 only)",
+            {**base, "copiers": ("corpus_all",), "models": models[1:]},
+            throughput(bonus=0.5, amortize=True),
+        ),
+        (
+            "throughput (optimism 0.5, amortised, no prompt lookup, int8 only)",
+            {**base, "copiers": ("corpus_all", "recycling"), "models": models[1:]},
+            throughput(bonus=0.5, amortize=True),
+        ),
+        (
+            "throughput (optimism 0.5, amortised, recycling learns the prompt)",
+            {**base, "learn_prompt": True},
+            throughput(bonus=0.5, amortize=True),
+        ),
+        ("fixed[recycling] (learns the prompt)", {**base, "learn_prompt": True}, fixed("recycling")),
         ("throughput (first model only)", {**base, "models": models[:1]}, throughput(bonus=0.5, amortize=True)),
         *[(f"precedence (corpus >= 4, else {m})", base, precedence("corpus_all", m)) for m in models],
         ("oracle per round", base, oracle()),
@@ -506,6 +537,7 @@ def build(records, costs, models: list[str], settings: dict, warm_table: dict | 
             recycling.next.update({(k,): v for k, v in warm_table.items()})
     replay = Replay(records, costs, model_arms=settings.get("models", models), copiers=copiers, recycling=recycling)
     replay.use_streak = settings["streak"]
+    replay.learn_prompt = settings.get("learn_prompt", False)
     return replay
 
 
