@@ -621,6 +621,21 @@ def test_the_cli_passes_the_batch_size(monkeypatch):
         original(batch_size=0)  # refused before any model loads
 
 
+def test_the_batch_results_name_the_machine_and_the_commit(monkeypatch, tmp_path):
+    import json
+
+    import hf_metasd.benchmark.batch as batch
+    import hf_metasd.benchmark.run as run
+
+    monkeypatch.setattr(batch, "run_batch_bench", lambda *args, **kwargs: [])
+    monkeypatch.setattr(batch, "write_batch_report", lambda records, out, meta: json.dumps(meta))
+    lines = []
+    assert run._run_batches(None, None, [], None, 4, 8, tmp_path, lines.append, "float32") == 0
+    meta = json.loads(lines[-1])
+    assert meta["batch_size"] == 4 and meta["dtype"] == "float32"
+    assert {"commit", "processor", "torch", "transformers"} <= set(meta["machine"])
+
+
 def test_plain_steps_refuse_a_row_that_needs_no_tokens_and_see_when_no_row_can_go_on():
     from transformers import StoppingCriteria
 

@@ -492,6 +492,9 @@ def _run_batches(
     records = run_batch_bench(
         target, tokenizer, prompts, pool, batch_size=batch_size, max_new_tokens=max_new_tokens, print_fn=print_fn
     )
+    from .report import machine
+
     meta = {"batch_size": batch_size, "max_new_tokens": max_new_tokens, "prompts": len(prompts), "dtype": dtype}
+    meta["machine"] = machine()  # the commit, torch and the CPU, as the single-request results record them
     print_fn(write_batch_report(records, out, meta))
     return 1 if any(not r.lossless for r in records) else 0
